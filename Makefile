@@ -1,0 +1,28 @@
+# Quick start:  make run   (the app on the bundled weights)   |   make test   (the whole suite)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: run test lint bench clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) app.py
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/bench_model.py
+	$(PY) benchmarks/bench_generate.py
+
+clean:
+	rm -rf $(VENV) .venv-peer .pytest_cache test-output

@@ -1,0 +1,487 @@
+"""Session (docs/session_api.md): exact against the plain forward pass, deterministic per
+seed, settings that validate, and a memory that covers exactly the text it says it does.
+
+All on tiny random models, built here in milliseconds. "Peaky" weights (std 0.3) make
+every logit depend on every key, so a memory off by one position shows up; "flat" weights
+(the default init) give near-uniform logits, for the tests that need sampling to vary.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from txl import TransformerXL, TXLConfig
+from txl.evaluate import evaluate_loss
+from txl.session import Session
+
+VOCAB = list("abcdefgh \n")  # no "?": unknown characters are dropped
+VOCAB_Q = list("abcdefgh ?")  # "?" and no newline: unknowns become "?", "" starts at id 0
+SHIPPED = Path(__file__).resolve().parents[1] / "weights" / "shakespeare-char"
+TEXT = "abc abd\nabe fgh hag bad cab deaf\nface"  # 37 characters
+
+
+def tiny_model(vocab=VOCAB, std=0.3, seed=0, **overrides) -> TransformerXL:
+    cfg = dict(d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=32, tgt_len=4, mem_len=6,
+               dropout=0.0)
+    cfg.update(overrides)
+    with torch.random.fork_rng():  # the global generator is other tests' business
+        torch.manual_seed(seed)
+        model = TransformerXL(TXLConfig(vocab=vocab, **cfg))
+        model.reset_parameters(std)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: a second thread only adds synchronisation (and a busy machine's waits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def peaky():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def flat():
+    return tiny_model(std=0.02)
+
+
+@pytest.fixture(scope="module")
+def shipped_or_tiny():
+    """The shipped Shakespeare model when it has been trained, else a tiny random one."""
+    if (SHIPPED / "model.safetensors").exists():
+        return TransformerXL.from_pretrained(SHIPPED)
+    vocab = list("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+    return tiny_model(vocab=vocab, tgt_len=64, mem_len=128)
+
+
+def full_forward(model, ids) -> torch.Tensor:
+    """Next-token logits [vocab] of one plain forward over all of ids, no memory."""
+    with torch.no_grad():
+        return model(torch.tensor([ids]), mem_len=len(ids)).logits[0, -1]
+
+
+def state(s: Session):
+    """Everything a failed call must leave unchanged."""
+    kv = None if s.kv is None else [k[:, :, s.kv.start : s.kv.end].clone() for k in s.kv.k]
+    return (s.text, list(s.ids), s.memory, s.mem_len, s.seg_len, s.temperature, s.top_k,
+            s.top_p, s.seed, s.memory_info(), kv, s.generator.get_state())
+
+
+def same_state(a, b) -> bool:
+    *plain_a, kv_a, gen_a = a
+    *plain_b, kv_b, gen_b = b
+    same_kv = (kv_a is None and kv_b is None) or (
+        kv_a is not None and kv_b is not None and all(map(torch.equal, kv_a, kv_b)))
+    return plain_a == plain_b and same_kv and torch.equal(gen_a, gen_b)
+
+
+# ---- exactness --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", [{}, {"pre_lnorm": True}, {"untie_r": False},
+                                     {"same_length": True}, {"clamp_len": 5}])
+def test_memory_step_equals_forward_over_everything(variant):
+    """mem_len longer than the text: the memory covers all of it, so the cached step
+    (fed in segments of 4, then one token at a time) is one causal forward over it all."""
+    model = tiny_model(**variant)
+    s = Session(model, memory=True, mem_len=100, seg_len=4, temperature=1.0)
+    s.start(TEXT[:11])
+    assert torch.allclose(s.next_logits, full_forward(model, s.ids), atol=1e-5, rtol=0)
+    for _ in range(6):
+        s.step(capture=False)
+        assert torch.allclose(s.next_logits, full_forward(model, s.ids), atol=1e-5, rtol=0)
+
+
+def test_memory_step_exact_on_shipped_or_tiny(shipped_or_tiny):
+    s = Session(shipped_or_tiny, memory=True, mem_len=200, seg_len=16, seed=3)
+    s.start("ROMEO:\nWhat light")
+    for trace in s.generate(4):
+        assert trace.memory
+    assert torch.allclose(s.next_logits, full_forward(shipped_or_tiny, s.ids), atol=1e-5, rtol=0)
+    assert s.memory_info()["span"] == (0, len(s.ids))
+
+
+def test_memory_off_is_a_forward_over_the_last_window(peaky):
+    s = Session(peaky, memory=False, seg_len=5, temperature=1.0)
+    s.start(TEXT[:9])
+    assert torch.allclose(s.next_logits, full_forward(peaky, s.ids[-5:]), atol=1e-6, rtol=0)
+    for _ in range(4):
+        trace = s.step()
+        assert torch.allclose(s.next_logits, full_forward(peaky, s.ids[-5:]), atol=1e-6, rtol=0)
+        assert trace.n_memory == 0 and trace.memory_tokens == 0 and not trace.memory
+        assert trace.key_positions.tolist() == list(range(len(s.ids) - 5, len(s.ids)))
+    assert s.memory_info() == {"memory": False, "tokens": 0, "mem_len": 6, "bytes": 0,
+                               "span": (len(s.ids), len(s.ids)), "context": 5}
+
+
+def test_trace_lines_up_with_the_text(peaky):
+    """The new token's attention: rows sum to 1, keys = memory (the positions just before)
+    + itself, and equal to the attention of the last query of a full forward."""
+    s = Session(peaky, memory=True, mem_len=100, seg_len=4, temperature=1.0)
+    s.start(TEXT[:10])
+    for trace in s.generate(3, capture_last_only=False):
+        p = trace.position
+        assert s.ids[p] == trace.token_id and s.text[p] == trace.char
+        assert trace.key_positions.tolist() == list(range(p + 1)) and trace.n_memory == p
+        assert trace.attentions.shape == (2, 2, p + 1) and trace.attentions.dtype == np.float32
+        np.testing.assert_allclose(trace.attentions.sum(-1), 1.0, atol=1e-5)
+        with torch.no_grad():
+            out = peaky(torch.tensor([s.ids]), output_attentions=True, mem_len=100)
+        expected = torch.stack([a[0, :, -1] for a in out.attentions]).numpy()
+        np.testing.assert_allclose(trace.attentions, expected, atol=1e-5)
+        assert trace.memory_tokens == p + 1 and trace.memory_bytes == s.kv.nbytes > 0
+
+
+def test_trace_with_a_full_memory(peaky):
+    s = Session(peaky, memory=True, mem_len=6, seg_len=4, temperature=1.0)
+    s.start(TEXT[:20])
+    trace = s.step()
+    assert trace.position == 20 and trace.n_memory == 6
+    assert trace.key_positions.tolist() == list(range(14, 21))  # 6 memory + the new token
+    assert trace.attentions.shape == (2, 2, 7) and trace.memory_tokens == 6
+    np.testing.assert_allclose(trace.attentions.sum(-1), 1.0, atol=1e-5)
+    assert s.memory_info() == {"memory": True, "tokens": 6, "mem_len": 6,
+                               "bytes": s.kv.nbytes, "span": (15, 21), "context": 7}
+
+
+def test_mem_len_zero_sees_only_the_new_token(peaky):
+    s = Session(peaky, memory=True, mem_len=0, seg_len=4)
+    s.start("abc")
+    trace = s.step()
+    assert trace.key_positions.tolist() == [3] and trace.n_memory == 0
+    np.testing.assert_allclose(trace.attentions, 1.0, atol=1e-6)
+    assert torch.allclose(s.next_logits, full_forward(peaky, s.ids[-1:]), atol=1e-6, rtol=0)
+    assert s.memory_info()["tokens"] == 0 and s.memory_info()["context"] == 1
+    s.set_memory(False)
+    s.set_memory(True)  # rebuilt from the last token alone
+    assert s.memory_info()["span"] == (4, 4)
+    assert torch.allclose(s.next_logits, full_forward(peaky, s.ids[-1:]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+@pytest.mark.parametrize("mem_len", [0, 3, 6, 100])
+def test_context_counts_the_keys_the_last_token_sees(same_length, mem_len):
+    model = tiny_model(same_length=same_length)
+
+    def visible(T, M):  # keys of the last of T queries over M memory positions
+        mask = model.attention_mask(T, M, mem_len)
+        return M + T - (0 if mask is None else int(mask[-1].sum()))
+
+    s = Session(model, memory=True, mem_len=mem_len, seg_len=4)
+    s.start(TEXT[:18])  # segments of 4, 4, 4, 4 and 2
+    assert s.memory_info()["context"] == visible(2, min(mem_len, 16))
+    s.step()
+    assert s.memory_info()["context"] == visible(1, min(mem_len, 18))
+
+
+# ---- feeding ----------------------------------------------------------------------------
+
+
+def test_feed_goes_segment_by_segment(peaky, monkeypatch):
+    calls = []
+    original = TransformerXL.forward_cached
+
+    def spy(self, input_ids, memory=None, *args, **kwargs):
+        calls.append((input_ids.size(1), 0 if memory is None else len(memory)))
+        return original(self, input_ids, memory, *args, **kwargs)
+
+    monkeypatch.setattr(TransformerXL, "forward_cached", spy)
+    s = Session(peaky, memory=True, mem_len=6, seg_len=4)
+    s.start(TEXT[:23])
+    assert [t for t, _ in calls] == [4, 4, 4, 4, 4, 3]  # never one giant forward
+    assert max(m for _, m in calls) <= 6 and len(s.kv) == 6
+    assert s.memory_info()["span"] == (17, 23)
+
+    calls.clear()
+    s.feed("abcdefghab")  # carried on from the memory, in segments of the new text
+    assert calls == [(4, 6), (4, 6), (2, 6)]
+    assert s.text == TEXT[:23] + "abcdefghab"
+
+
+def test_feed_in_pieces_equals_feed_at_once_within_memory(peaky):
+    """With memory covering everything, how the text is cut does not change the logits."""
+    a = Session(peaky, memory=True, mem_len=100, seg_len=4)
+    a.start(TEXT)
+    b = Session(peaky, memory=True, mem_len=100, seg_len=7)
+    b.start(TEXT[:5])
+    b.feed(TEXT[5:19])
+    b.feed(TEXT[19:])
+    assert a.text == b.text == TEXT and a.ids == b.ids
+    assert torch.allclose(a.next_logits, b.next_logits, atol=1e-5, rtol=0)
+
+
+def test_unknown_characters_dropped_without_a_replacement_symbol(peaky):
+    s = Session(peaky)
+    assert s.start("abXc é abX") == ["X", "é"]  # each once, in order of appearance
+    assert s.text == "abc  ab" and s.prompt == "abXc é abX"
+    assert s.feed("Zz") == ["Z", "z"] and s.text == "abc  ab"
+    assert s.feed("") == []
+
+
+def test_unknown_characters_replaced_when_the_vocab_has_one():
+    s = Session(tiny_model(vocab=VOCAB_Q))
+    assert s.unknown_mode == "replace"
+    assert s.start("abXc é") == ["X", "é"]
+    assert s.text == "ab?c ?" and len(s.ids) == 6
+
+
+def test_empty_prompt_starts_from_a_newline_else_token_0(peaky):
+    s = Session(peaky)
+    assert s.start("") == [] and s.text == "\n" and s.ids == [VOCAB.index("\n")]
+    assert s.start("XYZ") == ["X", "Y", "Z"] and s.text == "\n"  # empty after cleaning
+    q = Session(tiny_model(vocab=VOCAB_Q))
+    q.start("")
+    assert q.ids == [0] and q.text == "a"
+
+
+def test_step_before_start_behaves_like_start_empty(flat):
+    a, b = Session(flat, temperature=1.0, seed=5), Session(flat, temperature=1.0, seed=5)
+    a.step()
+    b.start("")
+    b.step()
+    assert a.text == b.text and a.text[0] == "\n" and len(a.text) == 2 and a.prompt == ""
+
+
+# ---- sampling -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("memory", [True, False])
+def test_same_seed_same_text_other_seed_other_text(flat, memory):
+    def run(seed):
+        s = Session(flat, memory=memory, temperature=1.0, seed=seed)
+        s.start("abc")
+        list(s.generate(40))
+        return s.text
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_reset_and_set_seed_restart_the_generator(flat):
+    s = Session(flat, temperature=1.0, seed=7)
+    s.start("ab")
+    list(s.generate(30))
+    first = s.text
+    s.start("ab")  # start resets, which reseeds
+    list(s.generate(30))
+    assert s.text == first
+    s.reset()
+    assert (s.text, s.ids, s.prompt, s.last_trace, len(s.kv)) == ("", [], "", None, 0)
+    s.set_seed(8)
+    s.start("ab")
+    list(s.generate(30))
+    assert s.text != first
+
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy(flat):
+    s = Session(flat, temperature=0.0)
+    s.start("abc")
+    for _ in range(10):
+        expected = int(s.next_logits.argmax())
+        assert s.step(capture=False).token_id == expected
+    t = Session(flat, temperature=1.0, top_k=1, seed=3)
+    t.start("abc")
+    list(t.generate(10))
+    assert t.text == s.text
+
+
+def test_generate_captures_only_the_last_step_unless_asked(peaky):
+    s = Session(peaky)
+    s.start("abc")
+    traces = list(s.generate(4))
+    assert [t.attentions is None for t in traces] == [True, True, True, False]
+    assert s.last_trace is traces[-1] and [t.position for t in traces] == [3, 4, 5, 6]
+    assert all(t.attentions is not None for t in s.generate(3, capture_last_only=False))
+    assert list(s.generate(0)) == [] and len(s.ids) == 10
+    assert traces[0].latency_ms > 0
+
+
+# ---- settings -----------------------------------------------------------------------------
+
+
+def test_mem_len_changes_keep_the_newest_positions(peaky):
+    s = Session(peaky, memory=True, mem_len=10, seg_len=4)
+    s.start(TEXT[:20])
+    assert s.memory_info()["span"] == (10, 20)
+    keys = s.kv.k[0][:, :, s.kv.start : s.kv.end].clone()
+    s.set_mem_len(4)  # shorter: truncated now, newest kept
+    assert s.memory_info()["span"] == (16, 20) and s.memory_info()["mem_len"] == 4
+    # Layer 0's keys are projected embeddings: the last one, run again, is the same.
+    assert torch.allclose(s.kv.k[0][:, :, s.kv.start : s.kv.end], keys[:, :, -4:], atol=1e-6)
+    assert s.memory_info()["context"] == 5  # the last token now sees 4 positions + itself
+    assert s.step().key_positions.tolist() == [16, 17, 18, 19, 20]
+    assert s.memory_info()["span"] == (17, 21)
+    s.set_mem_len(8)  # longer: grows from now on
+    assert s.memory_info()["tokens"] == 4
+    list(s.generate(6))
+    assert s.memory_info()["span"] == (19, 27) and s.memory_info()["tokens"] == 8
+
+
+def test_shorter_mem_len_takes_effect_at_once(peaky):
+    """The pending logits are those of the last token over the newest 4 positions before
+    it: what plain forward passes give with a hidden-state memory of those 4."""
+    s = Session(peaky, memory=True, mem_len=100, seg_len=4)
+    s.start(TEXT[:20])
+    s.set_mem_len(4)
+    ids = torch.tensor([s.ids])
+    with torch.no_grad():
+        mems = peaky(ids[:, :19], mem_len=4).mems  # layer inputs at positions 15..18
+        expected = peaky(ids[:, 19:], mems=mems, mem_len=4).logits[0, -1]
+    assert torch.allclose(s.next_logits, expected, atol=1e-5, rtol=0)
+    assert s.memory_info()["span"] == (16, 20)
+
+
+def test_switching_memory_off_and_on(peaky):
+    s = Session(peaky, memory=True, mem_len=8, seg_len=4)
+    s.start(TEXT[:20])
+    s.set_memory(False)  # dropped; the next token is predicted from the last window
+    assert s.kv is None and s.memory_info()["tokens"] == 0 and not s.memory
+    assert torch.allclose(s.next_logits, full_forward(peaky, s.ids[-4:]), atol=1e-6, rtol=0)
+    assert not s.step().memory
+    s.set_memory(True)  # rebuilt from the last mem_len tokens, in segments
+    assert s.memory_info()["span"] == (13, 21) and s.memory
+    fresh = Session(peaky, memory=True, mem_len=8, seg_len=4)
+    fresh.start(s.text[-8:])
+    assert torch.allclose(s.next_logits, fresh.next_logits, atol=1e-6, rtol=0)
+    trace = s.step()
+    assert trace.memory and trace.n_memory == 8 and trace.key_positions[0] == 13
+
+    s.set_mem_len(100)
+    s.set_memory(False)
+    s.set_memory(True)  # memory longer than the text: rebuilt exactly
+    assert s.memory_info()["span"] == (0, len(s.ids))
+    assert torch.allclose(s.next_logits, full_forward(peaky, s.ids), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: setattr(s, "temperature", -0.1),
+        lambda s: setattr(s, "temperature", float("nan")),
+        lambda s: setattr(s, "temperature", float("inf")),
+        lambda s: setattr(s, "temperature", "hot"),
+        lambda s: setattr(s, "top_k", -1),
+        lambda s: setattr(s, "top_k", 2.5),
+        lambda s: setattr(s, "top_p", 0.0),
+        lambda s: setattr(s, "top_p", 1.5),
+        lambda s: setattr(s, "top_p", float("nan")),
+        lambda s: s.set_mem_len(-1),
+        lambda s: s.set_seg_len(0),
+        lambda s: s.set_seed("x"),
+        lambda s: s.set_seed(2**64),
+        lambda s: setattr(s, "seed", 1.5),
+        lambda s: s.generate(-1),
+    ],
+)
+def test_invalid_settings_raise_and_change_nothing(peaky, call):
+    s = Session(peaky, mem_len=5, seg_len=3, temperature=0.5, top_k=3, top_p=0.9, seed=2)
+    s.start("abcdefg")
+    before = state(s)
+    with pytest.raises(ValueError):
+        call(s)
+    assert same_state(before, state(s))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": -1}, {"temperature": math.nan}, {"top_k": -2}, {"top_p": 0},
+     {"top_p": 1.01}, {"mem_len": -1}, {"seg_len": 0}],
+)
+def test_invalid_constructor_arguments(peaky, kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        Session(peaky, **kwargs)
+
+
+def test_valid_settings_apply(peaky):
+    s = Session(peaky)
+    assert (s.mem_len, s.seg_len) == (6, 4)  # the config's mem_len and tgt_len
+    s.temperature, s.top_k, s.top_p = 0, 40.0, 1  # a slider's floats are fine
+    assert (s.temperature, s.top_k, s.top_p) == (0.0, 40, 1.0)
+    s.set_seg_len(2)
+    assert s.seg_len == 2
+
+
+# ---- scoring ------------------------------------------------------------------------------
+
+
+def test_score_agrees_with_evaluate(peaky):
+    s = Session(peaky, mem_len=6, seg_len=4)
+    s.start("abc")
+    before = state(s)
+    result = s.score(TEXT)
+    assert same_state(before, state(s))  # the session's text and memory are untouched
+
+    ids = torch.tensor(peaky.tokenizer.encode(TEXT))
+    assert result.chars == list(TEXT[1:]) and result.dropped == []
+    assert result.bits_with.shape == result.bits_without.shape == (len(TEXT) - 1,)
+    with_memory = evaluate_loss(peaky, ids, 4, 6, n_streams=1)
+    without = evaluate_loss(peaky, ids, 4, 0, n_streams=1)
+    assert math.isclose(result.bits_with.mean() * math.log(2), with_memory, abs_tol=1e-6)
+    assert math.isclose(result.bits_without.mean() * math.log(2), without, abs_tol=1e-6)
+    assert math.isclose(result.bpc_with, result.bits_with.mean(), abs_tol=1e-6)
+    # The first segment has no memory either way; later ones differ.
+    np.testing.assert_allclose(result.bits_with[:4], result.bits_without[:4], atol=1e-5)
+    assert not np.allclose(result.bits_with[4:], result.bits_without[4:], atol=1e-3)
+
+
+def test_score_agrees_with_evaluate_on_shipped_or_tiny(shipped_or_tiny):
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak.\n" * 3
+    s = Session(shipped_or_tiny)  # the config's seg_len and mem_len
+    result = s.score(text)
+    ids = torch.tensor(shipped_or_tiny.tokenizer.encode(text))
+    cfg = shipped_or_tiny.config
+    loss = evaluate_loss(shipped_or_tiny, ids, cfg.tgt_len, cfg.mem_len, n_streams=1)
+    assert math.isclose(result.bpc_with * math.log(2), loss, abs_tol=1e-5)
+    assert result.dropped == [] and len(result.chars) == len(text) - 1
+
+
+def test_score_drops_unknowns_and_handles_short_texts(peaky):
+    s = Session(peaky)
+    result = s.score("abXcZ")
+    assert result.dropped == ["X", "Z"] and result.chars == ["b", "c"]
+    for text in ("", "a", "XYZ"):
+        result = s.score(text)
+        assert result.bits_with.shape == (0,) and math.isnan(result.bpc_with)
+
+
+# ---- properties ---------------------------------------------------------------------------
+
+@functools.cache
+def property_model(vocab: tuple[str, ...]) -> TransformerXL:
+    return tiny_model(vocab=list(vocab), n_layer=1, d_model=8, d_head=4, d_inner=8)
+
+
+CHARS = st.sampled_from(list("abcdefgh \n?X\té\x00😀"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompt=st.text(CHARS, max_size=12), more=st.lists(st.text(CHARS, max_size=9), max_size=3),
+       vocab=st.sampled_from([VOCAB, VOCAB_Q]), memory=st.booleans())
+def test_any_text_feeds_cleanly(prompt, more, vocab, memory):
+    model = property_model(tuple(vocab))
+    s = Session(model, memory=memory, mem_len=5, seg_len=3)
+    pieces = [prompt, *more]
+    dropped = [s.start(prompt)] + [s.feed(text) for text in more]
+    tok = model.tokenizer
+    cleaned = [tok.decode(tok.encode(p, errors=s.unknown_mode)) for p in pieces]
+    cleaned[0] = cleaned[0] or tok.vocab[s.start_id]  # an empty prompt starts a fresh line
+    assert s.text == tok.decode(s.ids) == "".join(cleaned) and len(s.text) == len(s.ids)
+    for piece, unknown in zip(pieces, dropped):
+        assert unknown == tok.unknown_chars(piece)
+    start, end = s.memory_info()["span"]
+    assert end == len(s.ids) and end - start == (min(5, len(s.ids)) if memory else 0)
+    assert s.step(capture=False).position == len(s.ids) - 1
+

@@ -1,0 +1,170 @@
+"""Training, resuming, the stream batcher, evaluation and DDP, on tiny models and texts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+
+from txl import TransformerXL, TXLConfig
+from txl.data import StreamBatcher
+from txl.evaluate import evaluate_loss
+from txl.train import TrainArgs, train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = dict(d_model=32, n_layer=2, n_head=2, d_head=16, d_inner=64, tgt_len=16, mem_len=16)
+
+
+@pytest.fixture(scope="module")
+def toy_text(tmp_path_factory) -> Path:
+    """A made-up text with structure a tiny model can learn in a few dozen steps."""
+    rng = random.Random(0)
+    words = ["the cat", "a dog", "my bird", "her fish"]
+    verbs = ["sat on", "ran to", "looked at", "slept by"]
+    lines = [f"{rng.choice(words)} {rng.choice(verbs)} {rng.choice(words)}.\n" for _ in range(900)]
+    path = tmp_path_factory.mktemp("data") / "toy.txt"
+    path.write_text("".join(lines))
+    return path
+
+
+def run_args(data: Path, out: Path, **overrides) -> TrainArgs:
+    settings = dict(data=str(data), out=str(out), batch=4, steps=20, lr=3e-3, warmup=5,
+                    eval_every=1000, sample_every=1000, ckpt_every=10, log_every=1, seed=7)
+    settings.update(overrides)
+    return TrainArgs(**settings)
+
+
+def logged_losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_training_lowers_the_loss_and_writes_a_model(toy_text, tmp_path):
+    out = tmp_path / "run"
+    train(run_args(toy_text, out, steps=80), dict(TINY_MODEL, dropout=0.0))
+    losses = logged_losses(out)
+    first, last = losses[1], sum(losses[s] for s in range(71, 81)) / 10
+    assert last < first - 1.0, (first, last)
+    model_dir = out / "model"
+    for name in ("config.json", "model.safetensors", "README.md", "loss_curve.png", "log.jsonl"):
+        assert (model_dir / name).is_file(), name
+    card = (model_dir / "README.md").read_text()
+    assert "without memory" in card and "library_name: txl" in card
+    model = TransformerXL.from_pretrained(model_dir)
+    result = json.loads((out / "eval.json").read_text())
+    assert result["with_memory"]["mem_len"] == TINY_MODEL["mem_len"]
+    assert f"{result['with_memory']['loss']:.4f}" in card
+    assert model.config.tgt_len == TINY_MODEL["tgt_len"]
+
+
+def test_resume_continues_exactly(toy_text, tmp_path):
+    model_kw = dict(TINY_MODEL, dropout=0.1)  # dropout: the RNG state must be restored too
+    train(run_args(toy_text, tmp_path / "straight"), model_kw)
+    train(run_args(toy_text, tmp_path / "broken", stop_after=10), model_kw)
+    assert not (tmp_path / "broken" / "model").exists()
+    train(run_args(toy_text, tmp_path / "broken"), model_kw, resume=True)
+    straight = logged_losses(tmp_path / "straight")
+    resumed = logged_losses(tmp_path / "broken")
+    assert sorted(resumed) == list(range(1, 21))
+    assert [resumed[s] for s in range(11, 21)] == [straight[s] for s in range(11, 21)]
+
+
+def test_the_cli_runs_and_resumes(toy_text, tmp_path):
+    out = tmp_path / "cli"
+    base = [sys.executable, "-m", "txl.train", "--data", str(toy_text), "--out", str(out),
+            "--steps", "6", "--batch", "2", "--d-model", "32", "--n-layer", "1", "--n-head", "2",
+            "--d-head", "16", "--d-inner", "32", "--tgt-len", "8", "--mem-len", "8",
+            "--ckpt-every", "3", "--eval-every", "100", "--stop-after", "3"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    subprocess.run(base, check=True, env=env, capture_output=True, timeout=300)
+    run = json.loads((out / "run.json").read_text())
+    assert run["model"]["d_model"] == 32 and run["train"]["steps"] == 6
+    resume = [sys.executable, "-m", "txl.train", "--out", str(out), "--resume"]
+    subprocess.run(resume, check=True, env=env, capture_output=True, timeout=300)
+    assert (out / "model" / "model.safetensors").is_file()
+    assert max(logged_losses(out)) == 6
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(50, 400),
+    n_streams=st.integers(1, 6),
+    seg_len=st.integers(1, 9),
+    world=st.sampled_from([1, 2, 3]),
+)
+def test_batcher_keeps_every_stream_contiguous(n, n_streams, seg_len, world):
+    n_streams *= world
+    ids = torch.arange(n)
+    if n // n_streams < seg_len + 1:
+        with pytest.raises(ValueError):
+            StreamBatcher(ids, n_streams, seg_len)
+        return
+    row_len = n // n_streams
+    rows_seen = []
+    for rank in range(world):
+        batcher = StreamBatcher(ids, n_streams, seg_len, rank, world)
+        inputs = torch.cat([b.inputs for b in batcher], dim=1)
+        targets = torch.cat([b.targets for b in batcher], dim=1)
+        # Each row reads consecutive ids: segment s + 1 continues exactly where s ended.
+        assert torch.equal(inputs[:, 1:] - inputs[:, :-1], torch.ones_like(inputs[:, 1:]))
+        assert torch.equal(targets, inputs + 1)
+        rows_seen += [int(r) // row_len for r in inputs[:, 0]]
+        assert [b.first for b in batcher] == [True] + [False] * (len(batcher) - 1)
+    assert sorted(rows_seen) == list(range(n_streams))  # the ranks share the rows out
+
+
+def test_evaluate_agrees_with_a_direct_computation():
+    torch.manual_seed(0)
+    cfg = TXLConfig(vocab_size=20, dropout=0.0, **dict(TINY_MODEL, mem_len=64))
+    model = TransformerXL(cfg).eval()
+    model.reset_parameters(0.2)
+    ids = torch.randint(0, 20, (3 * 41,))
+    with torch.no_grad():
+        rows = ids.view(3, 41)
+        whole = F.cross_entropy(model(rows[:, :-1]).logits.transpose(1, 2), rows[:, 1:])
+        # Without memory every segment of 16 is read alone.
+        alone = [
+            F.cross_entropy(model(rows[:, a : a + 16][:, : 40 - a]).logits.transpose(1, 2),
+                            rows[:, a + 1 : a + 17], reduction="sum")
+            for a in range(0, 40, 16)
+        ]
+    with_memory = evaluate_loss(model, ids, 16, mem_len=64, n_streams=3)
+    without = evaluate_loss(model, ids, 16, mem_len=0, n_streams=3)
+    assert with_memory == pytest.approx(whole.item(), abs=1e-5)
+    assert without == pytest.approx(sum(a.item() for a in alone) / (3 * 40), abs=1e-5)
+    assert with_memory < without
+
+
+def test_torchrun_two_ranks_end_with_identical_parameters(toy_text, tmp_path):
+    spec = {"train": dataclass_dict(run_args(toy_text, tmp_path, steps=6, batch=4, ckpt_every=3)),
+            "model": dict(TINY_MODEL, dropout=0.1)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(29500 + os.getpid() % 1000),
+           str(REPO / "tests" / "ddp_train_check.py"), json.dumps(spec)]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0 = load_file(tmp_path / "params.rank0.safetensors")
+    rank1 = load_file(tmp_path / "params.rank1.safetensors")
+    assert rank0.keys() == rank1.keys()
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+    initial = TransformerXL(TXLConfig(vocab_size=rank0["embedding.weight"].shape[0], **TINY_MODEL))
+    assert not torch.equal(initial.state_dict()["lm_bias"], rank0["lm_bias"])  # it did train
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def dataclass_dict(args: TrainArgs) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(args)

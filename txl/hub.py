@@ -1,0 +1,66 @@
+"""Finding a model's files: a local folder or a Hugging Face Hub repo id.
+
+huggingface_hub raises a dozen exception types, and its mixin swallows some of them
+(a missing repo then surfaces as a TypeError about __init__ arguments). Everything here
+is turned into one :class:`TXLLoadError` whose message names the source, the file and
+the cause, so the app can show it as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import validate_repo_id
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+class TXLLoadError(RuntimeError):
+    """A model could not be loaded; the message says from where, which file and why."""
+
+
+def fetch_file(
+    source: str | Path, filename: str, revision: str | None = None, **hub_kwargs
+) -> Path:
+    """Path to ``filename`` of a local folder, or of a Hub repo (downloaded or cached)."""
+    local = Path(source).expanduser()
+    if local.is_dir():
+        path = local / filename
+        if not path.is_file():
+            raise TXLLoadError(f"{source}: {filename} is missing from the folder")
+        return path
+    source = str(source)
+    if "/" not in source or source.startswith((".", "/", "~")):
+        raise TXLLoadError(f"{source!r} is neither a folder nor a Hub repo id like 'org/name'")
+    try:
+        validate_repo_id(source)
+    except HFValidationError as e:
+        raise TXLLoadError(f"{source!r} is not a valid Hub repo id: {e}") from None
+    try:
+        return Path(hf_hub_download(source, filename, revision=revision, **hub_kwargs))
+    except RepositoryNotFoundError:
+        cause = "the repo does not exist on the Hub (or is private)"
+    except GatedRepoError:
+        cause = "the repo is gated: accept its terms and log in"
+    except RevisionNotFoundError:
+        cause = f"revision {revision!r} does not exist"
+    except EntryNotFoundError:  # includes RemoteEntryNotFoundError
+        cause = f"the repo has no {filename}"
+    except LocalEntryNotFoundError:  # before OSError: it is also a FileNotFoundError
+        cause = f"{filename} is not cached and the Hub cannot be reached (offline?)"
+    except HfHubHTTPError as e:
+        cause = f"the Hub answered with an error: {e}"
+    except (OSError, ValueError) as e:
+        cause = f"download failed: {e}"
+    raise TXLLoadError(f"{source}: {cause}")

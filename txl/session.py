@@ -1,0 +1,439 @@
+"""A generation session: text in, one sampled character at a time out, memory on show.
+
+    model = TransformerXL.from_pretrained("weights/shakespeare-char")
+    s = Session(model, temperature=0.8, seed=0)
+    s.start("ROMEO:")
+    for trace in s.generate(200):
+        print(trace.char, end="")
+
+The contract with the app is docs/session_api.md. Two ways to predict the next token:
+
+- memory on (Transformer-XL): the keys and values of the last ``mem_len`` positions sit in
+  a ``KVMemory``; a step runs the model on the new token alone, which attends over the
+  memory plus itself. A step costs O(mem_len), whatever the length of the text.
+- memory off (the vanilla baseline): the model sees only the last ``seg_len`` tokens,
+  recomputed from scratch at every step with no memory. A step costs O(seg_len²).
+
+Either way the session holds *pending logits*: the next-token scores computed from the
+last token fed. ``step`` samples from them, appends the token, and runs the model on it
+to get the next pending logits. That order means a step is exactly one model call, and
+the attention it captures is the attention of the token just generated.
+
+Beyond the contract: ``s.kv`` (the KVMemory, None when memory is off), ``s.next_logits``
+(the pending scores), ``s.set_seg_len(n)``, ``s.encode(text)``, ``s.unknown_mode``
+("replace" or "ignore") and ``s.start_id`` (the token an empty prompt starts from).
+``s.memory``, ``s.mem_len`` and ``s.seg_len`` are read-only: change them with the setters.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .model import KVMemory, TransformerXL
+from .sampling import sample_next
+from .scoring import stream_nll
+
+LN2 = math.log(2)
+
+
+@dataclass
+class StepTrace:
+    token_id: int
+    char: str  # decoded new token
+    position: int  # index of the new token in s.ids / s.text
+    attentions: np.ndarray | None  # [n_layer, n_head, K] float32: the new token's attention
+    key_positions: np.ndarray  # [K] int64: text position of each key (ascending)
+    n_memory: int  # the first n_memory keys are memory, the rest current segment
+    memory_tokens: int  # positions in memory after the step
+    memory_bytes: int
+    latency_ms: float  # wall time of the model call for this step
+    memory: bool  # whether memory was on
+
+
+@dataclass
+class ScoreResult:
+    chars: list[str]  # the characters of the text that were scored (positions 1..)
+    bits_with: np.ndarray  # [len(text) - 1] surprisal of each char with memory, in bits
+    bits_without: np.ndarray
+    bpc_with: float  # mean of bits_with (NaN when nothing was scored)
+    bpc_without: float
+    dropped: list[str]  # unknown chars removed/replaced before scoring
+
+
+# ---- validation: every setting is checked before anything changes -----------------------
+
+
+def _as_int(name: str, value, minimum: int) -> int:
+    """An int >= minimum; integral floats (a UI slider's 40.0) are accepted."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _as_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def check_temperature(value) -> float:
+    value = _as_float("temperature", value)
+    if value < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {value}")
+    return value
+
+
+def check_top_p(value) -> float:
+    value = _as_float("top_p", value)
+    if not 0 < value <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {value}")
+    return value
+
+
+def check_seed(value) -> int:
+    value = _as_int("seed", value, -(2**63))
+    if value >= 2**64:  # torch.Generator.manual_seed's range
+        raise ValueError(f"seed must be < 2**64, got {value}")
+    return value
+
+
+class Session:
+    """Prompt + generated text, the model's memory of it, and the sampling settings.
+
+    Invariant (memory on): every token of ``ids`` has been fed; the KV memory holds the
+    keys and values of the text positions ``[n_fed - len(memory), n_fed)``, with
+    ``n_fed == len(ids)``; ``_logits`` are the next-token scores of the last token.
+    """
+
+    def __init__(
+        self,
+        model: TransformerXL,
+        memory: bool = True,
+        mem_len: int | None = None,
+        seg_len: int | None = None,
+        temperature: float = 0.8,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ):
+        if model.tokenizer is None:
+            raise ValueError("a Session needs a character model (config.vocab is missing)")
+        cfg = model.config
+        # Validate everything first: a bad setting leaves no half-built session behind.
+        mem_len = _as_int("mem_len", cfg.mem_len if mem_len is None else mem_len, 0)
+        seg_len = _as_int("seg_len", cfg.tgt_len if seg_len is None else seg_len, 1)
+        temperature, top_p = check_temperature(temperature), check_top_p(top_p)
+        top_k, seed = _as_int("top_k", top_k, 0), check_seed(seed)
+
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.device = next(model.parameters()).device
+        # Unknown characters: replaced by the tokenizer's symbol when it has one, else dropped.
+        self.unknown_mode = "replace" if self.tokenizer.unk_symbol is not None else "ignore"
+        # An empty prompt starts from a newline (a fresh line of text), else from token 0.
+        self.start_id = self.tokenizer.stoi.get("\n", 0)
+
+        self._memory_on, self._mem_len, self._seg_len = bool(memory), mem_len, seg_len
+        self._temperature, self._top_k, self._top_p = temperature, top_k, top_p
+        self._seed = seed
+        self.generator = torch.Generator(device=self.device)
+        self.reset()
+
+    # ---- settings -------------------------------------------------------------------
+
+    @property
+    def memory(self) -> bool:
+        return self._memory_on
+
+    @property
+    def mem_len(self) -> int:
+        return self._mem_len
+
+    @property
+    def seg_len(self) -> int:
+        return self._seg_len
+
+    @property
+    def temperature(self) -> float:
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value) -> None:
+        self._temperature = check_temperature(value)
+
+    @property
+    def top_k(self) -> int:
+        return self._top_k
+
+    @top_k.setter
+    def top_k(self, value) -> None:
+        self._top_k = _as_int("top_k", value, 0)
+
+    @property
+    def top_p(self) -> float:
+        return self._top_p
+
+    @top_p.setter
+    def top_p(self, value) -> None:
+        self._top_p = check_top_p(value)
+
+    @property
+    def next_logits(self) -> Tensor | None:
+        """[vocab] the pending next-token scores (None before anything was fed)."""
+        return self._logits
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @seed.setter
+    def seed(self, value) -> None:
+        """The seed reset() and start() restart from (set_seed also reseeds at once)."""
+        self._seed = check_seed(value)
+
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+        self.generator.manual_seed(self._seed)
+
+    def set_memory(self, on: bool) -> None:
+        """Off: drop the memory. On: rebuild it by re-feeding the last mem_len tokens of
+        the text in segments (their memory is recomputed: what came before them is lost).
+        Either way the pending logits are recomputed the new way."""
+        on = bool(on)
+        if on == self._memory_on:
+            return
+        self._memory_on = on
+        self.kv = KVMemory() if on else None
+        self._n_fed = 0
+        if not self.ids:
+            return
+        if on:
+            # At least the last token, so that there are pending logits (mem_len may be 0).
+            tail = self.ids[-max(self._mem_len, 1) :]
+            self._n_fed = len(self.ids) - len(tail)
+            self._feed_memory(tail)
+        else:
+            self._forward_window(capture=False)
+
+    def set_mem_len(self, n: int) -> None:
+        """Shorter: the memory keeps its newest n positions now. Longer: it grows from now on.
+
+        When positions are dropped, the pending logits (computed while the last token still
+        saw them) are recomputed: the last token runs again over the n positions before it,
+        so the very next token already feels the shorter memory.
+        """
+        n = _as_int("mem_len", n, 0)
+        self._mem_len = n
+        if self.kv is None or len(self.kv) <= n:
+            return
+        # The last token is the newest position of the memory: take it out, keep the n
+        # before it, and feed it again (its keys and values are rewritten in place).
+        self.kv.drop_last(1)
+        self.kv.truncate(n)
+        self._n_fed -= 1
+        self._forward_memory(self.ids[-1:], capture=False)
+
+    def set_seg_len(self, n: int) -> None:
+        """Segment length of feed() and score(), and the window of the memory-off model
+        (whose pending logits are then recomputed over the new window)."""
+        self._seg_len = _as_int("seg_len", n, 1)
+        if not self._memory_on and self.ids:
+            self._forward_window(capture=False)
+
+    # ---- text in --------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empty text and memory; the generator restarts from the seed."""
+        self.ids: list[int] = []
+        self.text = ""
+        self.prompt = ""
+        self.kv: KVMemory | None = KVMemory() if self._memory_on else None
+        self._n_fed = 0  # tokens fed through the KV memory: it covers the ones just before
+        self._logits: Tensor | None = None  # [vocab] next-token scores after the last token
+        self._context = 0  # keys the last token saw when _logits were computed
+        self.last_trace: StepTrace | None = None
+        self.generator.manual_seed(self._seed)
+
+    def start(self, prompt: str) -> list[str]:
+        """Reset, then feed the prompt. Returns the unknown characters it held."""
+        self.reset()
+        self.prompt = prompt
+        return self.feed(prompt)
+
+    def feed(self, text: str) -> list[str]:
+        """Append text: memory on, segment by segment of seg_len, the memory carried;
+        memory off, one forward over the last seg_len tokens. Returns the unknown
+        characters (each once, in order of appearance) that were replaced or dropped."""
+        new_ids, unknown = self.encode(text)
+        if not self.ids and not new_ids:
+            new_ids = [self.start_id]  # nothing to predict from: start a fresh line
+        if not new_ids:
+            return unknown
+        self._append(new_ids)
+        if self._memory_on:
+            self._feed_memory(new_ids)
+        else:
+            self._forward_window(capture=False)
+        return unknown
+
+    def encode(self, text: str) -> tuple[list[int], list[str]]:
+        """Token ids of text under the session's unknown-character rule, and the unknowns."""
+        unknown = self.tokenizer.unknown_chars(text)
+        return self.tokenizer.encode(text, errors=self.unknown_mode), unknown
+
+    # ---- generation -----------------------------------------------------------------
+
+    def step(self, capture: bool = True) -> StepTrace:
+        """Sample one token from the pending logits, append it, run the model on it."""
+        if self._logits is None:
+            self.start("")
+        token = int(
+            sample_next(self._logits, self._temperature, self._top_k, self._top_p, self.generator)
+        )
+        position = len(self.ids)
+        self._append([token])
+
+        t0 = time.perf_counter()
+        if self._memory_on:
+            n_memory = len(self.kv)  # memory positions [position - n_memory, position)
+            attentions = self._forward_memory([token], capture)
+            first_key = position - n_memory
+        else:
+            n_memory = 0
+            attentions = self._forward_window(capture)
+            first_key = len(self.ids) - min(len(self.ids), self._seg_len)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        latency_ms = (time.perf_counter() - t0) * 1e3
+
+        if attentions is not None:  # the last query's row: per layer [H, K] -> [L, H, K]
+            attentions = torch.stack([a[0, :, -1] for a in attentions]).float().cpu().numpy()
+        self.last_trace = StepTrace(
+            token_id=token,
+            char=self.tokenizer.vocab[token],
+            position=position,
+            attentions=attentions,
+            key_positions=np.arange(first_key, position + 1, dtype=np.int64),
+            n_memory=n_memory,
+            memory_tokens=len(self.kv) if self.kv is not None else 0,
+            memory_bytes=self._memory_bytes(),
+            latency_ms=latency_ms,
+            memory=self._memory_on,
+        )
+        return self.last_trace
+
+    def generate(self, n: int, capture_last_only: bool = True) -> Iterator[StepTrace]:
+        """n steps, yielding each trace. capture_last_only: only the last step captures
+        attention (the others pay nothing for it); False: every step does."""
+        n = _as_int("n", n, 0)  # checked now, not at the first next()
+
+        def steps() -> Iterator[StepTrace]:
+            for i in range(n):
+                yield self.step(capture=not capture_last_only or i == n - 1)
+
+        return steps()
+
+    # ---- inspection -----------------------------------------------------------------
+
+    def memory_info(self) -> dict:
+        tokens = len(self.kv) if self.kv is not None else 0
+        end = self._n_fed if self._memory_on else len(self.ids)
+        context = self._context if self._memory_on else min(len(self.ids), self._seg_len)
+        return {
+            "memory": self._memory_on,
+            "tokens": tokens,
+            "mem_len": self._mem_len,
+            "bytes": self._memory_bytes(),
+            "span": (end - tokens, end),
+            "context": context,
+        }
+
+    def score(self, text: str) -> ScoreResult:
+        """Surprisal of each character of text given the ones before it, read in segments
+        of seg_len with mem_len positions of memory, and with none (each segment alone).
+        The session's own text and memory are not touched."""
+        ids, unknown = self.encode(text)
+        streams = torch.tensor([ids], dtype=torch.long).view(1, -1)  # [1, L]
+        with_memory = stream_nll(self.model, streams, self._seg_len, self._mem_len)[0] / LN2
+        without = stream_nll(self.model, streams, self._seg_len, 0)[0] / LN2
+
+        def mean(bits: Tensor) -> float:
+            return bits.mean().item() if bits.numel() else float("nan")
+
+        return ScoreResult(
+            chars=[self.tokenizer.vocab[i] for i in ids[1:]],
+            bits_with=with_memory.numpy(),
+            bits_without=without.numpy(),
+            bpc_with=mean(with_memory),
+            bpc_without=mean(without),
+            dropped=unknown,
+        )
+
+    def __repr__(self) -> str:
+        info = self.memory_info()
+        return (
+            f"Session({len(self.ids)} tokens, memory={'on' if info['memory'] else 'off'} "
+            f"{info['tokens']}/{info['mem_len']}, seg_len={self._seg_len}, "
+            f"temperature={self._temperature}, top_k={self._top_k}, top_p={self._top_p}, "
+            f"seed={self.seed})"
+        )
+
+    # ---- the model calls ------------------------------------------------------------
+
+    def _memory_bytes(self) -> int:
+        """KVMemory.nbytes, by arithmetic: the hot path need not slice 2·n_layer buffers."""
+        if not self.kv or not self.kv.k:
+            return 0
+        B, H, _, Dh = self.kv.k[0].shape
+        return 2 * len(self.kv.k) * B * H * len(self.kv) * Dh * self.kv.k[0].element_size()
+
+    def _append(self, ids: list[int]) -> None:
+        self.ids.extend(ids)
+        self.text += self.tokenizer.decode(ids)
+
+    def _feed_memory(self, ids: list[int]) -> None:
+        """Feed ids (the tokens after the first _n_fed) through the KV memory, seg_len at a
+        time: O(len(ids)·(seg_len + mem_len)) work, not one quadratic forward."""
+        for a in range(0, len(ids), self._seg_len):
+            self._forward_memory(ids[a : a + self._seg_len], capture=False)
+
+    @torch.no_grad()
+    def _forward_memory(self, ids: list[int], capture: bool) -> list[Tensor] | None:
+        """One segment [1, T] over the KV memory, which it joins. Sets the pending logits."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, T]
+        keys = len(self.kv) + len(ids)  # what the last query attends over
+        out = self.model.forward_cached(
+            x, self.kv, output_attentions=capture, mem_len=self._mem_len
+        )
+        self._n_fed += len(ids)
+        self._logits = out.logits[0, -1]  # [vocab]
+        if self.model.config.same_length and keys > self._mem_len:
+            keys = max(self._mem_len, 1)  # same_length hides the oldest (never the query)
+        self._context = keys
+        return out.attentions
+
+    @torch.no_grad()
+    def _forward_window(self, capture: bool) -> list[Tensor] | None:
+        """The vanilla model: the last seg_len tokens alone, from scratch. Sets the pending
+        logits. mem_len = the window, so that same_length hides nothing inside it."""
+        window = self.ids[-self._seg_len :]
+        x = torch.tensor([window], dtype=torch.long, device=self.device)  # [1, W]
+        out = self.model.forward_cached(x, None, output_attentions=capture, mem_len=len(window))
+        self._logits = out.logits[0, -1]  # [vocab]
+        self._context = len(window)
+        return out.attentions
