@@ -34,8 +34,14 @@ def fetch_file(
     source: str | Path, filename: str, revision: str | None = None, **hub_kwargs
 ) -> Path:
     """Path to ``filename`` of a local folder, or of a Hub repo (downloaded or cached)."""
+    if not str(source).strip():
+        raise TXLLoadError("no model given: pass a folder or a Hub repo id like 'org/name'")
     local = Path(source).expanduser()
-    if local.is_dir():
+    try:
+        is_dir = local.is_dir()
+    except OSError:  # ENAMETOOLONG & co: not a folder, maybe not a repo id either
+        is_dir = False
+    if is_dir:
         path = local / filename
         if not path.is_file():
             raise TXLLoadError(f"{source}: {filename} is missing from the folder")
@@ -49,16 +55,16 @@ def fetch_file(
         raise TXLLoadError(f"{source!r} is not a valid Hub repo id: {e}") from None
     try:
         return Path(hf_hub_download(source, filename, revision=revision, **hub_kwargs))
+    except GatedRepoError:  # before RepositoryNotFoundError: it is a subclass
+        cause = "the repo is gated: accept its terms and log in"
     except RepositoryNotFoundError:
         cause = "the repo does not exist on the Hub (or is private)"
-    except GatedRepoError:
-        cause = "the repo is gated: accept its terms and log in"
     except RevisionNotFoundError:
         cause = f"revision {revision!r} does not exist"
-    except EntryNotFoundError:  # includes RemoteEntryNotFoundError
-        cause = f"the repo has no {filename}"
-    except LocalEntryNotFoundError:  # before OSError: it is also a FileNotFoundError
+    except LocalEntryNotFoundError:  # before EntryNotFoundError and OSError: it is both
         cause = f"{filename} is not cached and the Hub cannot be reached (offline?)"
+    except EntryNotFoundError:  # RemoteEntryNotFoundError
+        cause = f"the repo has no {filename}"
     except HfHubHTTPError as e:
         cause = f"the Hub answered with an error: {e}"
     except (OSError, ValueError) as e:

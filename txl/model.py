@@ -476,9 +476,9 @@ class TransformerXL(
         weights_file = fetch_file(source, WEIGHTS_NAME, revision, **hub)
         try:
             config = TXLConfig.load(config_file)
+            model = cls(config)  # torch / the tokenizer check the values' kinds
         except (ValueError, TypeError) as e:  # includes json.JSONDecodeError
             raise TXLLoadError(f"{source}: {CONFIG_NAME} is not a valid txl config: {e}") from None
-        model = cls(config)
         try:
             load_model(model, str(weights_file), strict=True, device=map_location)
         except SafetensorError as e:
