@@ -347,3 +347,42 @@ def test_unknown_characters_replace_and_ignore():
 def test_decode_rejects_out_of_range_ids():
     with pytest.raises(ValueError, match="outside 0..2"):
         CharTokenizer(list("abc")).decode([0, 3])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"pre_lnorm": True}, {"same_length": True, "mem_len": 6}, {"clamp_len": 3},
+     {"untie_r": False, "mem_len": 5}],
+)
+def test_forward_cached_equals_forward(overrides):
+    """KV-cached memory (generation) gives forward's numbers, segment after segment."""
+    model = TransformerXL(tiny_config(**overrides))
+    peaky(model)
+    ids = random_ids(2, 30, seed=3)
+    expected, _ = run_segments(model, ids, [7, 1, 1, 9, 1, 11])
+    memory, pieces, start = None, [], 0
+    for length in [7, 1, 1, 9, 1, 11]:
+        out = model.forward_cached(ids[:, start : start + length], memory)
+        memory, start = out.memory, start + length
+        pieces.append(out.logits)
+        assert len(memory) == min(start, model.mem_len)
+    assert max_diff(torch.cat(pieces, dim=1), expected) <= TOL
+
+
+def test_forward_cached_follows_a_clamp_len_changed_at_run_time():
+    """The cached table of position keys must not outlive a change of clamp_len."""
+    model = TransformerXL(tiny_config())
+    peaky(model)
+    ids = random_ids(1, 20, seed=4)
+    model.forward_cached(ids)  # fills the table with unclamped distances
+    model.config.clamp_len = 2
+    expected = model(ids).logits
+    assert max_diff(model.forward_cached(ids).logits, expected) <= TOL
+    model.config.clamp_len = -1
+    assert max_diff(model.forward_cached(ids).logits, model(ids).logits) <= TOL
+
+
+def test_forward_cached_is_for_inference_only():
+    model = TransformerXL(tiny_config()).train()
+    with pytest.raises(RuntimeError, match="eval"):
+        model.forward_cached(random_ids(1, 3))

@@ -405,7 +405,12 @@ class TransformerXL(
         calls (it depends only on the weights). Rebuilt when the weights change or a longer
         memory needs more distances."""
         weights = [layer.attn.r_proj.weight for layer in self.layers]
-        key = (device, dtype, tuple((w.data_ptr(), w._version) for w in weights))
+        key = (
+            device,
+            dtype,
+            self.config.clamp_len,
+            tuple((w.data_ptr(), w._version) for w in weights),
+        )
         table = self._position_table
         if table is None or table[0] != key or table[1] < K - 1:
             longest = max(2 * (K - 1), 256)
