@@ -20,6 +20,7 @@ import json
 import math
 import os
 import platform
+import random
 import shlex
 import shutil
 import sys
@@ -83,6 +84,8 @@ class TrainArgs:
     half: bool = False  # store the final weights in float16
     time_budget: float = 0.0  # minutes of training; > 0: the schedule runs on time, then stops
     stop_after: int = 0  # > 0: stop after this step as if interrupted (resume continues it)
+    mem_min: int = 0  # with mem_max: each step attends over a memory of random length in
+    mem_max: int = 0  # [mem_min, mem_max] (0: always the config's mem_len), see memory_length
     init_std: float = 0.02
 
 
@@ -100,6 +103,18 @@ def lr_at(step: int, a: TrainArgs, elapsed: float = 0.0) -> float:
     if a.time_budget > 0:
         progress = max(progress, min(1.0, elapsed / (60 * a.time_budget)))
     return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def memory_length(step: int, a: TrainArgs, mem_len: int) -> int:
+    """How much of the carried memory step ``step`` attends over.
+
+    Memory-length augmentation: a model that only ever saw mem_len cached positions has
+    never had to spread attention over more keys than that. Drawing the length per step
+    from [mem_min, mem_max] shows it memories both shorter and longer than the default.
+    Deterministic per step, so --resume stays exact."""
+    if a.mem_max <= 0:
+        return mem_len
+    return random.Random(a.seed * 1_000_003 + step).randint(a.mem_min, a.mem_max)
 
 
 def make_optimizer(model: torch.nn.Module, a: TrainArgs) -> torch.optim.AdamW:
@@ -460,8 +475,11 @@ def train(
             mems = None  # a new pass over the streams starts from empty memory
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args, elapsed)
+        if mems is not None:  # attend over the newest memory_length positions only
+            use = memory_length(step, args, cfg.mem_len)
+            mems = [m[:, m.size(1) - min(use, m.size(1)) :] for m in mems]
         with autocast:
-            out_ = ddp(batch.inputs.to(device), mems=mems)
+            out_ = ddp(batch.inputs.to(device), mems=mems, mem_len=max(cfg.mem_len, args.mem_max))
             loss = F.cross_entropy(
                 out_.logits.float().flatten(0, 1), batch.targets.to(device).flatten()
             )

@@ -1,0 +1,100 @@
+"""The shipped weights: they load, and reproduce what their model card says.
+
+The validation text is Tiny Shakespeare's last 10 %. The tests read it from $TXL_DATA, or
+from ../shared/data/tinyshakespeare.txt beside the checkout, or download it once into
+~/.cache/txl (the repository holds no copy of the data).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from txl import TransformerXL
+from txl.data import load_text, train_val_split
+from txl.evaluate import evaluate_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+WEIGHTS = ROOT / "weights" / "shakespeare-char"
+
+
+def data_path() -> Path:
+    if os.environ.get("TXL_DATA"):
+        return Path(os.environ["TXL_DATA"])
+    shared = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+    if shared.exists():
+        return shared
+    return Path.home() / ".cache" / "txl" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="module")
+def model() -> TransformerXL:
+    return TransformerXL.from_pretrained(WEIGHTS)
+
+
+@pytest.fixture(scope="module")
+def card_eval() -> dict:
+    return json.loads((WEIGHTS / "eval.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def val_ids(model) -> torch.Tensor:
+    try:
+        text = load_text(data_path(), download=True)
+    except OSError as e:
+        pytest.fail(f"Tiny Shakespeare is needed (set TXL_DATA to its path): {e}", pytrace=False)
+    assert len(text) == 1_115_394, "not the Tiny Shakespeare the weights were trained on"
+    _, val_text = train_val_split(text)
+    return torch.tensor(model.tokenizer.encode(val_text), dtype=torch.long)
+
+
+def test_the_folder_has_everything_a_hub_repo_needs():
+    for name in ("config.json", "model.safetensors", "README.md", "loss_curve.png", "eval.json"):
+        assert (WEIGHTS / name).is_file(), name
+    assert (WEIGHTS / "model.safetensors").stat().st_size <= 25 * 2**20
+
+
+def test_the_model_card_tells_the_numbers_of_eval_json(card_eval):
+    card = (WEIGHTS / "README.md").read_text()
+    assert card.startswith("---\n") and "library_name: txl" in card
+    for reading in ("with_memory", "without_memory"):
+        assert f"{card_eval[reading]['loss']:.4f}" in card
+    for row in card_eval["sweep"]:
+        assert re.search(rf"\| {row['mem_len']} \| {row['loss']:.4f} \|", card)
+    assert "python -m txl.train" in card  # the exact command
+
+
+def test_the_recorded_readings_meet_the_floors(card_eval):
+    with_memory = card_eval["with_memory"]["loss"]
+    without = card_eval["without_memory"]["loss"]
+    by_len = {r["mem_len"]: r["loss"] for r in card_eval["sweep"]}
+    train_mem = card_eval["train_mem_len"]
+    assert with_memory <= 1.50
+    assert with_memory <= without - 0.10  # memory helps at the shipped segment length
+    assert by_len[4 * train_mem] <= by_len[train_mem]  # longer memory than trained: no worse
+
+
+def test_the_weights_reproduce_the_recorded_slice(model, card_eval, val_ids):
+    recorded = card_eval["slice"]
+    loss = evaluate_loss(
+        model,
+        val_ids,
+        model.config.tgt_len,
+        recorded["mem_len"],
+        recorded["n_streams"],
+        recorded["max_segments"],
+    )
+    assert loss == pytest.approx(recorded["loss"], abs=2e-4)
+
+
+def test_memory_helps_on_the_slice(model, card_eval, val_ids):
+    recorded = card_eval["slice"]
+    without = evaluate_loss(
+        model, val_ids, model.config.tgt_len, 0, recorded["n_streams"], recorded["max_segments"]
+    )
+    assert without > recorded["loss"] + 0.05
