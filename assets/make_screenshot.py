@@ -1,0 +1,99 @@
+"""Make assets/screenshot.png (the README's picture of the app) with a real browser.
+
+    python assets/make_screenshot.py                      # the bundled weights
+    python assets/make_screenshot.py --model path/or/id   # any other model
+
+Starts the app in-process on 127.0.0.1, generates from a prompt, steps once so that the
+newest character and its attention show, and saves a desktop-width screenshot. Needs
+Debian's chromium (/usr/bin/chromium) and the playwright package (no downloaded browser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=str(ROOT / "weights" / "shakespeare-char"))
+    parser.add_argument("--out", default=str(ROOT / "assets" / "screenshot.png"))
+    parser.add_argument("--prompt", default="ROMEO:\n")
+    parser.add_argument("--chars", type=int, default=220, help="characters to generate")
+    parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    args = parser.parse_args()
+
+    import torch
+    from playwright.sync_api import sync_playwright
+
+    import app
+
+    torch.set_num_threads(1)
+    txl_app = app.TXLApp(args.model)
+    if txl_app.load_error:
+        raise SystemExit(txl_app.load_error)
+    demo = txl_app.build()
+    _, url, _ = app.launch(
+        demo, server_port=None, prevent_thread_lock=True, quiet=True, ssr_mode=False
+    )
+    try:
+        with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+            context = p.chromium.launch_persistent_context(
+                profile,
+                executable_path=args.chromium,
+                args=FLAGS,
+                headless=True,
+                viewport={"width": args.width, "height": 1000},
+                device_scale_factor=1,
+            )
+            page = context.new_page()
+            page.set_default_timeout(120_000)
+            page.goto(url, wait_until="load")
+            page.fill("#prompt textarea", args.prompt)
+            page.fill("#n_tokens input[type=number]", str(args.chars))
+            page.press("#n_tokens input[type=number]", "Enter")
+            page.click("#generate")
+            target = len(args.prompt) + args.chars
+            page.wait_for_function(
+                f"document.querySelector('#text .txl-text').innerText.length >= {target}"
+            )
+            page.click("#step")
+            page.wait_for_function(
+                f"document.querySelector('#text .txl-text').innerText.length >= {target + 1}"
+            )
+            page.wait_for_function(
+                "[...document.querySelectorAll('#heatmap .annotation-text')]"
+                ".some(e => e.textContent.includes('memory'))"
+            )
+            page.wait_for_timeout(800)  # let plotly finish drawing
+            page.screenshot(path=args.out, full_page=True)
+            context.close()
+    finally:
+        demo.close()
+    print(f"saved {args.out} ({args.model})")
+
+
+if __name__ == "__main__":
+    main()

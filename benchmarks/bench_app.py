@@ -1,0 +1,200 @@
+"""Serving benchmark of the app: N concurrent gradio_client sessions, each Stepping.
+
+Every Step returns the full views (coloured text, heatmap, memory-share bars), as the
+browser gets them. Reported per Step:
+
+- server: the handler's own time (Session.step + every figure), from the step summary's
+  ``handler_ms`` — the goal is p95 <= 150 ms;
+- round trip: what the client waits, queueing behind the other sessions included.
+
+    python benchmarks/bench_app.py                         # 16 sessions x 40 steps
+    python benchmarks/bench_app.py --clients 2 --steps 5   # a smoke run
+    python benchmarks/bench_app.py --url http://127.0.0.1:7860/   # an app already running
+
+Without --url the app is started as a subprocess (python app.py) on a free port, with
+--model (default: weights/shakespeare-char when present, else a random model of the same
+shape made in a temporary folder). Each session first generates --fill characters so that
+its memory is full (mem_len keys per Step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ROOT / "weights" / "shakespeare-char"
+GOAL_P95_MS = 150.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[k]
+
+
+def random_model(folder: Path) -> str:
+    """A random model with the shape of configs/shakespeare-char.json."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from txl import TransformerXL, TXLConfig
+
+    shape = json.loads((ROOT / "configs" / "shakespeare-char.json").read_text())
+    keys = ("d_model", "n_layer", "n_head", "d_head", "d_inner", "tgt_len", "mem_len")
+    vocab = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
+    torch.manual_seed(0)
+    TransformerXL(TXLConfig(vocab=vocab, **{k: shape[k] for k in keys})).save_pretrained(folder)
+    return str(folder)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(model: str, concurrency: int | None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = dict(
+        os.environ, TXL_MODEL=model, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port)
+    )
+    if concurrency:
+        env["TXL_CONCURRENCY"] = str(concurrency)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited:\n{proc.stdout.read()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError("the app did not start within 120 s")
+
+
+def run_session(url: str, steps: int, fill: int, seed: int, results: dict, barrier) -> None:
+    from gradio_client import Client
+
+    client = Client(url, verbose=False, analytics_enabled=False, download_files=False)
+    settings = dict(memory=True, temperature=0.8, top_k=0, top_p=1.0, seed=seed)
+    client.predict(prompt="ROMEO:\n", n_tokens=fill, **settings, api_name="/generate")
+    barrier.wait()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = client.predict(prompt="ROMEO:\n", **settings, api_name="/step")
+        results["round_trip"].append((time.perf_counter() - t0) * 1e3)
+        summary = out[5]
+        results["server"].append(summary["handler_ms"])
+        results["model"].append(summary["latency_ms"])
+        results["keys"].append(summary["n_keys"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=40, help="Steps per session")
+    parser.add_argument("--fill", type=int, default=130, help="characters generated first")
+    parser.add_argument("--url", help="benchmark an app that is already running")
+    parser.add_argument("--model", help="model folder or Hub id for the app started here")
+    parser.add_argument("--concurrency", type=int, help="TXL_CONCURRENCY of the app started here")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+
+    proc, tmp = None, None
+    url = args.url
+    if url is None:
+        model = args.model
+        if model is None and (BUNDLED / "model.safetensors").exists():
+            model = str(BUNDLED)
+        if model is None:
+            tmp = tempfile.TemporaryDirectory(prefix="txl-bench-")
+            model = random_model(Path(tmp.name) / "random")
+            print(f"no trained weights: a random model of the same shape ({model})")
+        proc, url = start_app(model, args.concurrency)
+        print(f"app started at {url} with {model}")
+    try:
+        results = {"server": [], "round_trip": [], "model": [], "keys": []}
+        barrier = threading.Barrier(args.clients)
+        threads = [
+            threading.Thread(
+                target=run_session, args=(url, args.steps, args.fill, i, results, barrier)
+            )
+            for i in range(args.clients)
+        ]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        if tmp is not None:
+            tmp.cleanup()
+
+    n = len(results["server"])
+    if n != args.clients * args.steps:
+        raise SystemExit(f"only {n} of {args.clients * args.steps} steps completed")
+    report = {
+        "clients": args.clients,
+        "steps": n,
+        "wall_s": round(wall, 2),
+        "keys_per_step": statistics.median(results["keys"]),
+    }
+    for name in ("server", "round_trip", "model"):
+        values = results[name]
+        report[name] = {
+            "p50_ms": round(percentile(values, 50), 1),
+            "p95_ms": round(percentile(values, 95), 1),
+            "max_ms": round(max(values), 1),
+        }
+    print(
+        f"{args.clients} sessions x {args.steps} Steps ({report['keys_per_step']:.0f} keys each), "
+        f"heatmap on, {wall:.1f} s wall"
+    )
+    for name, label in (
+        ("server", "server (handler)"),
+        ("round_trip", "round trip"),
+        ("model", "model call"),
+    ):
+        r = report[name]
+        print(
+            f"  {label:17s} p50 {r['p50_ms']:7.1f} ms   p95 {r['p95_ms']:7.1f} ms"
+            f"   max {r['max_ms']:7.1f} ms"
+        )
+    ok = report["server"]["p95_ms"] <= GOAL_P95_MS
+    print(f"  goal: server p95 <= {GOAL_P95_MS:.0f} ms: {'met' if ok else 'NOT met'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

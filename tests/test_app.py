@@ -1,0 +1,251 @@
+"""The Gradio app end to end: gradio_client against the app launched in-process on
+127.0.0.1, with a tiny random model made in a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import gradio as gr  # noqa: E402
+import huggingface_hub.constants  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from gradio_client import Client  # noqa: E402
+
+import app  # noqa: E402
+from txl import TransformerXL, TXLConfig  # noqa: E402
+
+VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
+SEG_LEN, MEM_LEN = 16, 32
+PUBLIC = {"/generate", "/step", "/reset", "/score", "/load_model"}
+
+
+def tiny_model(folder, n_layer=2, seed=0):
+    torch.manual_seed(seed)
+    config = TXLConfig(
+        vocab=VOCAB,
+        d_model=32,
+        n_layer=n_layer,
+        n_head=2,
+        d_head=8,
+        d_inner=64,
+        tgt_len=SEG_LEN,
+        mem_len=MEM_LEN,
+        dropout=0.0,
+    )
+    TransformerXL(config).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Like `python app.py`: one torch thread per model call (many small calls at once)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, one_thread):
+    folder = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    txl_app = app.TXLApp(folder, model_dirs=[str(tmp_path_factory.getbasetemp())])
+    assert txl_app.load_error is None
+    demo = txl_app.build()
+    _, url, _ = app.launch(
+        demo,
+        server_name="127.0.0.1",
+        server_port=None,
+        prevent_thread_lock=True,
+        quiet=True,
+        ssr_mode=False,
+    )
+    yield url, txl_app
+    demo.close()
+
+
+@pytest.fixture
+def client(server):
+    return Client(server[0], verbose=False, analytics_enabled=False, download_files=False)
+
+
+def settings(**overrides):
+    """The sampling settings as keyword arguments (temperature 1 so seeds matter)."""
+    values = dict(memory=True, mem_len=MEM_LEN, temperature=1.0, top_k=0, top_p=1.0, seed=0)
+    values.update(overrides)
+    return values
+
+
+def generate(c, prompt="ROMEO:\n", n_tokens=20, **kw):
+    return c.predict(prompt=prompt, n_tokens=n_tokens, **settings(**kw), api_name="/generate")
+
+
+def step(c, prompt="ROMEO:\n", **kw):
+    return c.predict(prompt=prompt, **settings(**kw), api_name="/step")
+
+
+def test_public_api(client):
+    api = client.view_api(print_info=False, return_format="dict")
+    assert set(api["named_endpoints"]) == PUBLIC
+    params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
+    assert params[:8] == [
+        "prompt",
+        "n_tokens",
+        "memory",
+        "mem_len",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+    ]
+    params = [p["parameter_name"] for p in api["named_endpoints"]["/step"]["parameters"]]
+    assert params[:7] == ["prompt", "memory", "mem_len", "temperature", "top_k", "top_p", "seed"]
+    assert not api["unnamed_endpoints"]
+
+
+def test_generate_returns_text_first_and_same_seed_same_text(server):
+    a, b = (Client(server[0], verbose=False, analytics_enabled=False) for _ in range(2))
+    first = generate(a, n_tokens=25, seed=7)
+    assert isinstance(first[0], str) and first[0].startswith("ROMEO:\n")
+    assert len(first[0]) == len("ROMEO:\n") + 25
+    assert generate(b, n_tokens=25, seed=7)[0] == first[0]  # another session, same seed
+    assert generate(a, n_tokens=25, seed=7)[0] == first[0]  # again: Generate starts over
+    assert generate(a, n_tokens=25, seed=8)[0] != first[0]
+
+
+def test_generate_streams(client):
+    job = client.submit(prompt="A", n_tokens=400, **settings(), api_name="/generate")
+    final = job.result(timeout=120)
+    texts = [out[0] for out in job.outputs()]
+    assert texts[-1] == final[0] and len(final[0]) == 401
+    assert len(texts) > 1  # partial texts came before the last one
+    assert all(final[0].startswith(t) for t in texts)
+
+
+def test_step_continues_where_the_last_call_ended(client):
+    text = generate(client, n_tokens=20, seed=3)[0]
+    out = step(client, seed=3)
+    assert out[0][:-1] == text and len(out[0]) == len(text) + 1
+    assert out[5]["position"] == len(text) and out[5]["char"] == out[0][-1]
+    again = step(client, seed=3)[0]
+    assert again[:-1] == out[0]
+    # stepping is the same as generating further with the same seed
+    assert generate(client, n_tokens=22, seed=3)[0] == again
+    # an edited prompt starts over from the new prompt
+    fresh = step(client, prompt="JULIET:", seed=3)[0]
+    assert fresh.startswith("JULIET:") and len(fresh) == len("JULIET:") + 1
+
+
+def test_two_clients_keep_separate_memory(server):
+    a, b = (Client(server[0], verbose=False, analytics_enabled=False) for _ in range(2))
+    text_a = generate(a, prompt="ROMEO:", n_tokens=60)[0]
+    text_b = step(b, prompt="JULIET:")[0]
+    assert text_b.startswith("JULIET:") and len(text_b) == len("JULIET:") + 1
+    out_a = step(a, prompt="ROMEO:")
+    assert out_a[0][:-1] == text_a  # A's text and memory were not touched by B
+    assert out_a[5]["n_memory"] == MEM_LEN and out_a[5]["memory_tokens"] == MEM_LEN
+    out_b = step(b, prompt="JULIET:")
+    assert out_b[0][:-1] == text_b and out_b[5]["n_memory"] == len(text_b)
+    assert client_reset_is_private(a, b)
+
+
+def client_reset_is_private(a, b) -> bool:
+    """Reset in one session leaves the other's text alone."""
+    before = step(b, prompt="JULIET:")[0]
+    assert a.predict(api_name="/reset")[0] == ""
+    return step(b, prompt="JULIET:")[0][:-1] == before
+
+
+def test_memory_off_changes_what_attention_covers(client):
+    generate(client, n_tokens=80)
+    on = step(client)[5]
+    assert on["memory"] and on["n_memory"] == MEM_LEN and on["n_keys"] == MEM_LEN + 1
+    assert on["context"] == MEM_LEN + 1
+    off_out = step(client, memory=False)
+    off = off_out[5]
+    assert not off["memory"] and off["n_memory"] == 0 and off["n_keys"] == SEG_LEN
+    assert off["key_range"] == [off["position"] - SEG_LEN + 1, off["position"]]
+    assert off["memory_mass_per_layer"] == [0.0, 0.0]
+    assert off["far_mass_per_layer"] == [0.0, 0.0]  # nothing seg_len or more back
+    assert on["far"] == SEG_LEN and max(on["far_mass_per_layer"]) > 0
+    assert "Memory **off**" in off_out[2]
+    back_on = step(client, memory=True)[5]  # memory rebuilt from the last mem_len tokens
+    assert back_on["memory"] and back_on["n_memory"] == MEM_LEN
+    step(client, mem_len=48)  # a longer memory grows from now on
+    assert step(client, mem_len=48)[5]["n_memory"] == MEM_LEN + 1
+
+
+def test_heatmap_layer_and_head_views(client):
+    out = client.predict(
+        prompt="ROMEO:", **settings(), layer="layer 1", head="mean over heads", api_name="/step"
+    )
+    assert out[3]["type"] == "plotly"
+    figure = json.loads(out[3]["plot"])
+    assert figure["data"][0]["y"] == ["L1 head 0", "L1 head 1", "L1 mean"]
+    assert any("memory ◀ │ ▶ current" in a["text"] for a in figure["layout"]["annotations"])
+    assert any(s["type"] == "line" for s in figure["layout"]["shapes"])  # the boundary
+
+
+def test_bad_settings_give_an_error_and_keep_the_text(client):
+    text = generate(client, n_tokens=10)[0]
+    for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(mem_len=99999)):
+        with pytest.raises(Exception, match=r"minimum|maximum|temperature|top_p|mem_len"):
+            step(client, **bad)
+    assert step(client)[0][:-1] == text
+
+
+def test_score(client):
+    text = "To be, or not to be, that is the question.\n" * 3
+    plot, summary = client.predict(text=text, mem_len=MEM_LEN, api_name="/score")
+    assert plot["type"] == "plotly" and "with memory" in plot["plot"]
+    assert "bits per character" in summary and f"{len(text) - 1:,} characters" in summary
+    with pytest.raises(Exception, match="Nothing to score"):
+        client.predict(text="", mem_len=MEM_LEN, api_name="/score")
+
+
+def test_invalid_model_sources_give_errors_and_the_app_keeps_serving(client, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    text = generate(client, n_tokens=5)[0]
+    with tempfile.TemporaryDirectory(prefix="txl-outside-") as outside:
+        # a valid model, but in a folder the app was not told it may read
+        not_allowed = tiny_model(Path(outside) / "model")
+        for source, reason in [
+            ("no/such-repo", "no/such-repo: "),
+            ("../x", "neither a folder nor"),
+            (not_allowed, "outside the ones this app may read"),
+        ]:
+            with pytest.raises(Exception, match="Could not load") as error:
+                client.predict(source=source, api_name="/load_model")
+            assert reason in str(error.value)
+    assert step(client)[0][:-1] == text  # the same session, the same model
+
+
+def test_unknown_characters_are_replaced(client):
+    text = step(client, prompt="café {x}")[0]
+    assert text.startswith("caf? ?x?") and len(text) == len("café {x}") + 1
+
+
+def test_load_model_affects_only_this_session(server, tmp_path):
+    url, txl_app = server
+    a, b = (Client(url, verbose=False, analytics_enabled=False) for _ in range(2))
+    other = tiny_model(tmp_path / "one-layer", n_layer=1, seed=1)
+    out = a.predict(source=other, api_name="/load_model")
+    assert "1 layers" in out[0] and out[1] == ""
+    assert len(step(a)[5]["memory_mass_per_layer"]) == 1
+    assert len(step(b)[5]["memory_mass_per_layer"]) == 2  # b still has the default model
+    assert txl_app.cache.get(other) is txl_app.cache.get(other)  # loaded once, shared
+
+
+def test_a_missing_default_model_is_an_error_not_a_crash(tmp_path):
+    txl_app = app.TXLApp(str(tmp_path / "missing"))
+    assert txl_app.default_model is None and "missing" in txl_app.load_error
+    txl_app.build()  # the page still builds, and says why there is no model
+    assert "No model loaded" in txl_app.model_info()
+    with pytest.raises(gr.Error, match="No model is loaded"):
+        txl_app.step("ROMEO:", True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, None)

@@ -1,0 +1,758 @@
+"""Figures and text views of what Transformer-XL's memory does, from plain arrays.
+
+Everything here works on numpy arrays, strings and (duck-typed) ``txl.session.StepTrace`` /
+``ScoreResult`` objects; nothing imports Gradio, so the figures can be tested and reused
+outside the app.
+
+- :func:`text_roles` / :func:`text_html`: the text so far, each character coloured by its
+  role for the next prediction: fallen out of memory, in memory, in the current segment,
+  the newest token.
+- :func:`attention_heatmap`: the newest token's attention over its keys [memory | current],
+  rows = layers (or heads), keys beyond ``max_cols`` summed into buckets.
+- :func:`memory_mass_figure`: per layer, the share of attention that goes to memory.
+- :func:`surprisal_figure`: per-character surprisal with and without memory.
+- :func:`attention_export` / :func:`step_summary`: the same data as plain JSON.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+# ---- roles of the characters ---------------------------------------------------------
+
+GONE, MEMORY, CURRENT, NEWEST = "gone", "memory", "current", "newest"
+ROLES = (GONE, MEMORY, CURRENT, NEWEST)
+ROLE_LABELS = {
+    GONE: "fell out of memory",
+    MEMORY: "in memory",
+    CURRENT: "current segment",
+    NEWEST: "newest token",
+}
+ROLE_LABELS_NO_MEMORY = {
+    GONE: "outside the window",
+    MEMORY: "in memory",
+    CURRENT: "in the window",
+    NEWEST: "newest token",
+}
+# Translucent backgrounds read on light and dark themes alike.
+ROLE_STYLES = {
+    GONE: "color:#8a8a8a;",
+    MEMORY: "background:rgba(59,130,246,0.22);",
+    CURRENT: "background:rgba(245,158,11,0.32);",
+    NEWEST: "background:rgba(220,38,38,0.85);color:#fff;font-weight:700;border-radius:2px;",
+}
+MEMORY_COLOR = "#3b82f6"
+CURRENT_COLOR = "#f59e0b"
+BOUNDARY_TEXT = "memory ◀ │ ▶ current"
+
+# What each character turns into on an axis label or in a hover box.
+_VISIBLE = {"\n": "↵", " ": "␣", "\t": "⇥", "\r": "␍"}
+
+
+def visible_char(c: str) -> str:
+    """A printable stand-in for whitespace (newline -> ↵, space -> ␣)."""
+    return _VISIBLE.get(c, c)
+
+
+def visible_text(s: str) -> str:
+    return "".join(visible_char(c) for c in s)
+
+
+def text_roles(
+    n_chars: int, first_key: int, memory_end: int, newest: int | None = None
+) -> np.ndarray:
+    """Role of each of ``n_chars`` text positions (an array of role names).
+
+    ``[0, first_key)`` fell out of memory (or out of the window); ``[first_key,
+    memory_end)`` is in memory; ``[memory_end, n_chars)`` is the current segment; position
+    ``newest`` (the token just generated, when there is one) is the newest token.
+    """
+    first_key = int(np.clip(first_key, 0, n_chars))
+    memory_end = int(np.clip(memory_end, first_key, n_chars))
+    roles = np.full(n_chars, CURRENT, dtype=object)
+    roles[:first_key] = GONE
+    roles[first_key:memory_end] = MEMORY
+    if newest is not None and 0 <= newest < n_chars:
+        roles[newest] = NEWEST
+    return roles
+
+
+def roles_from_trace(n_chars: int, trace) -> np.ndarray:
+    """Roles as the keys of ``trace`` (a StepTrace) cover the text: its first n_memory keys
+    are memory, the others the current segment, its query the newest token."""
+    keys = np.asarray(trace.key_positions)
+    first = int(keys[0]) if keys.size else trace.position
+    memory_end = int(keys[trace.n_memory]) if trace.n_memory < keys.size else trace.position
+    return text_roles(n_chars, first, memory_end, trace.position)
+
+
+def roles_from_info(n_chars: int, info: dict) -> np.ndarray:
+    """Roles from ``Session.memory_info()`` when there is no fresh trace (after a prompt,
+    a reset or a settings change): memory on, ``span`` is the memory; memory off, the last
+    ``context`` characters are the window."""
+    if info["memory"]:
+        start, end = info["span"]
+        return text_roles(n_chars, start, end)
+    first = n_chars - int(info["context"])
+    return text_roles(n_chars, first, first)
+
+
+def _escape(s: str) -> str:
+    # Also escape the characters that a JS/Handlebars template would read.
+    return (
+        html.escape(s, quote=True)
+        .replace("$", "&#36;")
+        .replace("{", "&#123;")
+        .replace("}", "&#125;")
+        .replace("`", "&#96;")
+    )
+
+
+def text_html(text: str, roles: Sequence[str], memory: bool = True, max_chars: int = 6000) -> str:
+    """The text as HTML, runs of equal role in one coloured <span>, with a legend.
+
+    Only the last ``max_chars`` characters are shown (the rest is counted). A newest
+    token that is a newline is drawn as ↵ so that it stays visible.
+    """
+    if len(roles) != len(text):
+        raise ValueError(f"{len(roles)} roles for {len(text)} characters")
+    labels = ROLE_LABELS if memory else ROLE_LABELS_NO_MEMORY
+    start = max(0, len(text) - max_chars)
+    parts = []
+    if start:
+        parts.append(f'<span style="{ROLE_STYLES[GONE]}">[… {start:,} earlier characters]\n</span>')
+    i = start
+    while i < len(text):
+        role = roles[i]
+        j = i + 1
+        while j < len(text) and roles[j] == role:
+            j += 1
+        chunk = text[i:j]
+        if role == NEWEST and chunk == "\n":
+            chunk = "↵\n"
+        elif role == NEWEST and chunk == " ":
+            chunk = "␣"
+        parts.append(
+            f'<span class="txl-{role}" title="{labels[role]}" '
+            f'style="{ROLE_STYLES[role]}">{_escape(chunk)}</span>'
+        )
+        i = j
+    body = (
+        "".join(parts)
+        or '<span style="color:#8a8a8a">(no text yet: type a prompt, then Step or Generate)</span>'
+    )
+    return (
+        f"{legend_html(memory)}"
+        '<div class="txl-text" style="white-space:pre-wrap;word-break:break-word;'
+        "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:14px;"
+        f'line-height:1.5;padding:6px 2px">{body}</div>'
+    )
+
+
+def legend_html(memory: bool = True) -> str:
+    labels = ROLE_LABELS if memory else ROLE_LABELS_NO_MEMORY
+    roles = (GONE, MEMORY, CURRENT, NEWEST) if memory else (GONE, CURRENT, NEWEST)
+    items = "".join(
+        f'<span class="txl-legend-{r}" style="{ROLE_STYLES[r]}padding:1px 6px;margin:0 6px 2px 0;'
+        f'display:inline-block;white-space:nowrap">{labels[r]}</span> '
+        for r in roles
+    )
+    return f'<div class="txl-legend" style="font-size:12px;margin-bottom:4px">{items}</div>'
+
+
+# ---- status --------------------------------------------------------------------------
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def status_markdown(info: dict, n_chars: int, latency_ms: float | None = None) -> str:
+    """One line: memory on/off, tokens in memory, bytes, visible context, last latency."""
+    if info["memory"]:
+        memory = (
+            f"Memory **on** · {info['tokens']}/{info['mem_len']} tokens in memory "
+            f"({format_bytes(info['bytes'])} of keys and values)"
+        )
+    else:
+        memory = "Memory **off** · each prediction sees only the current window"
+    parts = [
+        memory,
+        f"the model sees **{info['context']}** previous tokens",
+        f"{n_chars:,} characters",
+    ]
+    if latency_ms is not None:
+        parts.append(f"last step {latency_ms:.1f} ms")
+    return " · ".join(parts)
+
+
+# ---- attention heatmap ---------------------------------------------------------------
+
+
+def bucket_keys(n_keys: int, n_memory: int, max_cols: int = 128) -> list[tuple[int, int]]:
+    """Split key indices [0, n_keys) into at most ``max_cols`` contiguous ranges (a, b).
+
+    With ``n_keys <= max_cols`` each key is its own range. Otherwise keys are summed into
+    buckets of equal width; no bucket straddles the memory/current boundary (ranges are
+    laid out from the boundary outwards, so the oldest memory bucket and the newest
+    current bucket may be narrower).
+    """
+    if n_keys <= 0:
+        return []
+    n_memory = int(np.clip(n_memory, 0, n_keys))
+    max_cols = max(2, int(max_cols))
+    if n_keys <= max_cols:
+        return [(k, k + 1) for k in range(n_keys)]
+    n_current = n_keys - n_memory
+    width = math.ceil(n_keys / max_cols)
+    while math.ceil(n_memory / width) + math.ceil(n_current / width) > max_cols:
+        width += 1
+    memory = [(max(0, b - width), b) for b in range(n_memory, 0, -width)][::-1]
+    current = [(a, min(n_keys, a + width)) for a in range(n_memory, n_keys, width)]
+    return memory + current
+
+
+def _layer_head_rows(
+    attentions: np.ndarray, layer: int | None, head: int | None
+) -> tuple[np.ndarray, list[str]]:
+    """The rows of the heatmap: [rows, K] weights and their labels.
+
+    layer None: one row per layer (head ``head``, or the mean over heads when None);
+    layer l: one row per head of layer l plus their mean (head None), or head ``head``.
+    """
+    n_layer, n_head, _ = attentions.shape
+    if layer is None:
+        rows = attentions.mean(axis=1) if head is None else attentions[:, head]
+        suffix = "" if head is None else f" h{head}"
+        return rows, [f"layer {i}{suffix}" for i in range(n_layer)]
+    if not 0 <= layer < n_layer:
+        raise ValueError(f"layer must be in 0..{n_layer - 1}, got {layer}")
+    if head is None:
+        rows = np.concatenate([attentions[layer], attentions[layer].mean(axis=0, keepdims=True)])
+        return rows, [f"L{layer} head {h}" for h in range(n_head)] + [f"L{layer} mean"]
+    return attentions[layer, head][None], [f"L{layer} head {head}"]
+
+
+def _key_label(text: str | None, pos: int) -> str:
+    if text is None or not 0 <= pos < len(text):
+        return f"#{pos}"
+    return visible_char(text[pos])
+
+
+def _snippet(text: str | None, a: int, b: int, limit: int = 24) -> str:
+    """The characters of text positions [a, b), shortened in the middle when long."""
+    if text is None:
+        return f"#{a}–#{b - 1}"
+    s = visible_text(text[a:b])
+    if len(s) > limit:
+        s = s[: limit // 2 - 1] + "…" + s[-(limit // 2 - 1) :]
+    return s
+
+
+_WEIGHT_TICKS = (0.0, 0.01, 0.1, 0.25, 0.5, 1.0)
+
+
+def figure(spec: dict) -> go.Figure:
+    """A plotly Figure from a {"data": [...], "layout": {...}} spec.
+
+    The figures here are built as plain dicts and wrapped once, without plotly's
+    per-property validation: that keeps a Step's figures at a few milliseconds instead of
+    tens (tests/test_viz.py validates every spec with plotly instead).
+    """
+    try:
+        return go.Figure(spec, _validate=False)
+    except TypeError:  # a plotly without the private switch
+        return go.Figure(spec)
+
+
+_TRANSPARENT = {"paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)"}
+
+
+def attention_heatmap(
+    attentions: np.ndarray,
+    key_positions: np.ndarray,
+    n_memory: int,
+    text: str | None = None,
+    query_position: int | None = None,
+    layer: int | None = None,
+    head: int | None = None,
+    max_cols: int = 128,
+    memory: bool = True,
+) -> go.Figure:
+    """Heatmap of one query's attention [n_layer, n_head, K] over its keys.
+
+    Columns are the keys in text order, [memory | current]; a dashed line and the label
+    ``memory ◀ │ ▶ current`` mark the boundary. Rows are layers (``layer=None``) or the
+    heads of one layer. Beyond ``max_cols`` keys, columns are buckets of keys whose
+    weights are summed (the hover says which keys). Colour is sqrt(weight) so that small
+    weights stay visible; the hover (``customdata``) and the colour bar show the weight.
+    """
+    attentions = np.asarray(attentions, dtype=np.float64)
+    if attentions.ndim != 3:
+        raise ValueError(f"attentions must be [n_layer, n_head, K], got {attentions.shape}")
+    key_positions = np.asarray(key_positions, dtype=np.int64)
+    n_keys = attentions.shape[-1]
+    if key_positions.shape != (n_keys,):
+        raise ValueError(f"{key_positions.shape[0]} key positions for {n_keys} keys")
+    if query_position is None:
+        query_position = int(key_positions[-1]) if n_keys else 0
+    rows, row_labels = _layer_head_rows(attentions, layer, head)
+    buckets = bucket_keys(n_keys, n_memory, max_cols)
+    n_cols = len(buckets)
+    n_mem_cols = sum(1 for a, _ in buckets if a < n_memory)
+    z = np.stack([rows[:, a:b].sum(axis=1) for a, b in buckets], axis=1)  # [rows, cols]
+
+    # Hover: what each column is (the same for every row) and the weight of the cell.
+    query = _key_label(text, query_position)
+    asked = f"query '{query}' (position {query_position})"
+    columns = []
+    for a, b in buckets:
+        side = "memory" if a < n_memory else "current"
+        pa, pb = int(key_positions[a]), int(key_positions[b - 1])
+        if b - a == 1:
+            columns.append(
+                f"{asked}<br>key '{_key_label(text, pa)}' (position {pa}, {side})<br>"
+                f"distance {query_position - pa}<br>weight"
+            )
+        else:
+            columns.append(
+                f"{asked}<br>keys {pa}–{pb} '{_snippet(text, pa, pb + 1)}' ({b - a} keys, "
+                f"{side})<br>distance {query_position - pb}–{query_position - pa}<br>total weight"
+            )
+
+    # x ticks: characters when every key has its own column and they fit, else positions.
+    if n_cols == n_keys and n_keys <= 72:
+        tickvals = list(range(n_keys))
+        ticktext = [_key_label(text, int(p)) for p in key_positions]
+    else:
+        step = max(1, n_cols // 8)
+        tickvals = list(range(0, n_cols, step))
+        ticktext = [str(int(key_positions[buckets[c][0]])) for c in tickvals]
+    width = buckets[0][1] - buckets[0][0] if buckets else 1
+    bucket_note = f" · {width} keys per column" if n_cols < n_keys else ""
+
+    shapes, annotations = [], []
+    if memory:
+        x = n_mem_cols - 0.5
+        shapes.append(
+            {
+                "type": "line",
+                "x0": x,
+                "x1": x,
+                "y0": 0,
+                "y1": 1,
+                "yref": "paper",
+                "line": {"color": "#ef4444", "width": 2, "dash": "dash"},
+            }
+        )
+        # The label sits on the boundary, pushed inside the plot when the boundary is near
+        # an edge (as it is in step-by-step generation: one current key at the far right).
+        if n_mem_cols < 0.2 * n_cols:
+            label_x, anchor = -0.5, "left"
+        elif n_mem_cols > 0.8 * n_cols:
+            label_x, anchor = n_cols - 0.5, "right"
+        else:
+            label_x, anchor = x, "center"
+        annotations.append(
+            {
+                "x": label_x,
+                "y": 1.0,
+                "yref": "paper",
+                "yanchor": "bottom",
+                "xanchor": anchor,
+                "text": BOUNDARY_TEXT if n_memory else "memory (empty) │ ▶ current",
+                "showarrow": False,
+                "font": {"color": "#ef4444", "size": 12},
+            }
+        )
+        subtitle = f"over {n_memory} memory + {n_keys - n_memory} current keys"
+    else:
+        annotations.append(
+            {
+                "x": 0,
+                "y": 1.0,
+                "xref": "paper",
+                "yref": "paper",
+                "yanchor": "bottom",
+                "xanchor": "left",
+                "text": f"memory off: only the last {n_keys} tokens, recomputed",
+                "showarrow": False,
+                "font": {"color": "#6b7280", "size": 12},
+            }
+        )
+        subtitle = f"over the last {n_keys} tokens, no memory"
+
+    heatmap = {
+        "type": "heatmap",
+        "z": np.round(np.sqrt(np.clip(z, 0, None)), 5),
+        "customdata": np.round(z, 5),
+        "x": list(range(n_cols)),
+        "y": row_labels,
+        "text": [columns] * len(row_labels),
+        "hovertemplate": "%{y}<br>%{text} %{customdata:.4f}<extra></extra>",
+        "colorscale": "Viridis",
+        "zmin": 0.0,
+        "zmax": 1.0,
+        "colorbar": {
+            "title": {"text": "weight", "side": "right"},
+            "tickvals": [math.sqrt(w) for w in _WEIGHT_TICKS],
+            "ticktext": [f"{w:g}" for w in _WEIGHT_TICKS],
+            "thickness": 12,
+        },
+        "xgap": 1 if n_cols <= 64 else 0,
+        "ygap": 1,
+    }
+    layout = {
+        "title": {
+            "text": f"Attention of the newest token '{query}' (position {query_position})"
+            f"<br><sup>{subtitle}</sup>",
+            "font": {"size": 13},
+            "x": 0.01,
+            "xanchor": "left",
+        },
+        "xaxis": {
+            "tickvals": tickvals,
+            "ticktext": ticktext,
+            "tickangle": 0,
+            "showgrid": False,
+            "title": {"text": f"keys (text position){bucket_note}", "font": {"size": 11}},
+            "range": [-0.5, max(n_cols, 1) - 0.5],
+        },
+        "yaxis": {"autorange": "reversed", "showgrid": False},
+        "shapes": shapes,
+        "annotations": annotations,
+        "height": max(270, 26 * len(row_labels) + 160),
+        "margin": {"l": 10, "r": 10, "t": 84, "b": 40},
+        **_TRANSPARENT,
+    }
+    return figure({"data": [heatmap], "layout": layout})
+
+
+def heatmap_from_trace(
+    trace,
+    text: str | None,
+    layer: int | None = None,
+    head: int | None = None,
+    max_cols: int = 128,
+) -> go.Figure:
+    """attention_heatmap of a StepTrace (one that captured its attention)."""
+    if trace.attentions is None:
+        raise ValueError("this step did not capture its attention")
+    return attention_heatmap(
+        trace.attentions,
+        trace.key_positions,
+        trace.n_memory,
+        text,
+        trace.position,
+        layer=layer,
+        head=head,
+        max_cols=max_cols,
+        memory=trace.memory,
+    )
+
+
+def placeholder_figure(message: str, height: int = 220) -> go.Figure:
+    """An empty figure that says why there is nothing to show yet."""
+    return figure(
+        {
+            "data": [],
+            "layout": {
+                "annotations": [
+                    {
+                        "text": message,
+                        "x": 0.5,
+                        "y": 0.5,
+                        "xref": "paper",
+                        "yref": "paper",
+                        "showarrow": False,
+                        "font": {"size": 13, "color": "#6b7280"},
+                    }
+                ],
+                "xaxis": {"visible": False},
+                "yaxis": {"visible": False},
+                "height": height,
+                "margin": {"l": 10, "r": 10, "t": 10, "b": 10},
+                **_TRANSPARENT,
+            },
+        }
+    )
+
+
+# ---- attention mass on memory --------------------------------------------------------
+
+
+def memory_mass(attentions: np.ndarray, n_memory: int) -> np.ndarray:
+    """[n_layer, n_head] share of each head's attention that goes to the memory keys."""
+    attentions = np.asarray(attentions, dtype=np.float64)
+    return attentions[..., : max(0, int(n_memory))].sum(axis=-1)
+
+
+def memory_mass_figure(
+    attentions: np.ndarray, n_memory: int, memory: bool = True, n_far: int = 0, far: int = 0
+) -> go.Figure:
+    """Per layer, the share of attention (mean over heads) that goes to the memory keys;
+    dots: each head's own share. With ``n_far`` > 0, a second bar: the share that goes to
+    the oldest ``n_far`` keys, ``far`` or more tokens back (with ``far`` = the segment
+    length, text that a model without memory could not see at all)."""
+    mass = memory_mass(attentions, n_memory)  # [L, H]
+    n_layer, n_head = mass.shape
+    layers = [f"layer {i}" for i in range(n_layer)]
+    data = [
+        {
+            "type": "bar",
+            "x": layers,
+            "y": np.round(mass.mean(axis=1), 5),
+            "name": "all memory",
+            "offsetgroup": "memory",
+            "marker": {"color": MEMORY_COLOR},
+            "customdata": np.round(np.stack([mass.min(axis=1), mass.max(axis=1)], axis=1), 5),
+            "hovertemplate": "%{x}: %{y:.1%} of attention on memory"
+            "<br>heads range %{customdata[0]:.1%} – %{customdata[1]:.1%}<extra></extra>",
+        }
+    ]
+    if n_far > 0:
+        far_mass = memory_mass(attentions, n_far).mean(axis=1)
+        data.append(
+            {
+                "type": "bar",
+                "x": layers,
+                "y": np.round(far_mass, 5),
+                "name": f"{far}+ tokens back (out of reach without memory)",
+                "offsetgroup": "far",
+                "marker": {"color": "#1e3a8a"},
+                "hovertemplate": f"%{{x}}: %{{y:.1%}} of attention on text {far} or more "
+                "tokens back<extra></extra>",
+            }
+        )
+    data.append(
+        {
+            "type": "scatter",
+            "x": [name for name in layers for _ in range(n_head)],
+            "y": np.round(mass.ravel(), 5),
+            "mode": "markers",
+            "name": "one head (all memory)",
+            "offsetgroup": "memory",
+            "marker": {"color": "rgba(0,0,0,0.45)", "size": 5},
+            "text": [f"head {h}" for _ in range(n_layer) for h in range(n_head)],
+            "hovertemplate": "%{x} %{text}: %{y:.1%} on memory<extra></extra>",
+        }
+    )
+    annotations = []
+    if not memory:
+        annotations.append(
+            {
+                "text": "memory off: nothing to attend to",
+                "x": 0.5,
+                "y": 0.5,
+                "xref": "paper",
+                "yref": "paper",
+                "showarrow": False,
+                "font": {"color": "#6b7280"},
+            }
+        )
+    return figure(
+        {
+            "data": data,
+            "layout": {
+                "title": {"text": "Share of attention that goes to memory", "font": {"size": 13}},
+                "yaxis": {
+                    "range": [0, 1.02],
+                    "tickformat": ".0%",
+                    "title": {"text": "on memory", "font": {"size": 11}},
+                },
+                "annotations": annotations,
+                "barmode": "group",
+                "scattermode": "group",  # the head dots sit on their layer's memory bar
+                "height": 280,
+                "showlegend": n_far > 0,
+                "legend": {"orientation": "h", "y": -0.15, "font": {"size": 11}},
+                "margin": {"l": 10, "r": 10, "t": 40, "b": 30},
+                **_TRANSPARENT,
+            },
+        }
+    )
+
+
+def far_keys(key_positions: np.ndarray, query_position: int, far: int) -> int:
+    """How many keys lie ``far`` or more positions before the query (keys ascending)."""
+    distances = query_position - np.asarray(key_positions)
+    return int((distances >= far).sum())
+
+
+# ---- does memory help? ---------------------------------------------------------------
+
+
+def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over up to ``window`` values (shorter at the start)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0 or window <= 1:
+        return x.copy()
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    idx = np.arange(1, x.size + 1)
+    lo = np.maximum(0, idx - window)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def surprisal_figure(
+    chars: Sequence[str],
+    bits_with: np.ndarray,
+    bits_without: np.ndarray,
+    bpc_with: float,
+    bpc_without: float,
+    seg_len: int | None = None,
+    window: int = 32,
+) -> go.Figure:
+    """Per-character surprisal (bits) with and without memory: faint raw values, bold
+    rolling means over ``window`` characters; dotted lines at segment starts (where the
+    memory-less model starts again from nothing)."""
+    bits_with, bits_without = np.asarray(bits_with, float), np.asarray(bits_without, float)
+    if not len(chars) == bits_with.size == bits_without.size:
+        raise ValueError("chars, bits_with and bits_without must have the same length")
+    x = np.arange(1, bits_with.size + 1)
+    labels = [visible_char(c) for c in chars]
+    data = []
+    for name, bits, color, bpc in (
+        ("without memory", bits_without, CURRENT_COLOR, bpc_without),
+        ("with memory", bits_with, MEMORY_COLOR, bpc_with),
+    ):
+        data.append(
+            {
+                "type": "scatter",
+                "x": x,
+                "y": np.round(bits, 4),
+                "mode": "lines",
+                "name": f"{name} (per char)",
+                "line": {"color": color, "width": 1},
+                "opacity": 0.35,
+                "text": labels,
+                "legendgroup": name,
+                "showlegend": False,
+                "hovertemplate": f"{name}<br>char '%{{text}}' at %{{x}}: %{{y:.2f}} bits"
+                "<extra></extra>",
+            }
+        )
+        data.append(
+            {
+                "type": "scatter",
+                "x": x,
+                "y": np.round(rolling_mean(bits, window), 4),
+                "mode": "lines",
+                "legendgroup": name,
+                "name": f"{name}: {bpc:.3f} bpc",
+                "line": {"color": color, "width": 2.5},
+                "hovertemplate": f"{name}, mean of last {window}: %{{y:.2f}} bits<extra></extra>",
+            }
+        )
+    shapes = []
+    if seg_len and bits_with.size > seg_len:
+        shapes = [
+            {
+                "type": "line",
+                "x0": s + 0.5,
+                "x1": s + 0.5,
+                "y0": 0,
+                "y1": 1,
+                "yref": "paper",
+                "line": {"color": "rgba(120,120,120,0.35)", "width": 1, "dash": "dot"},
+            }
+            for s in range(seg_len, bits_with.size + 1, seg_len)
+        ]
+    gain = bpc_without - bpc_with
+    title = (
+        f"Surprisal per character: {bpc_with:.3f} bpc with memory, {bpc_without:.3f} without"
+        f" ({gain:+.3f} bits saved per character)"
+        if np.isfinite(gain)
+        else "Surprisal per character"
+    )
+    return figure(
+        {
+            "data": data,
+            "layout": {
+                "title": {"text": title, "font": {"size": 13}},
+                "xaxis": {"title": {"text": "character position in the text"}},
+                "yaxis": {"title": {"text": "surprisal (bits)"}, "rangemode": "tozero"},
+                "shapes": shapes,
+                "height": 380,
+                "margin": {"l": 10, "r": 10, "t": 50, "b": 40},
+                "legend": {"orientation": "h", "y": -0.2},
+                "hovermode": "closest",
+                **_TRANSPARENT,
+            },
+        }
+    )
+
+
+def score_markdown(result, seg_len: int, mem_len: int) -> str:
+    """A summary line of a ScoreResult."""
+    n = len(result.chars)
+    if n == 0:
+        return "Nothing to score: the text needs at least two characters the model knows."
+    gain = result.bpc_without - result.bpc_with
+    verdict = "helps" if gain > 0 else "does not help here"
+    text = (
+        f"**{n:,} characters** scored in segments of {seg_len}. "
+        f"With memory ({mem_len} tokens): **{result.bpc_with:.3f} bits per character**; "
+        f"without: **{result.bpc_without:.3f}**. Memory {verdict} ({gain:+.3f} bpc)."
+    )
+    if result.dropped:
+        text += " Characters outside the vocabulary: " + ", ".join(
+            repr(c) for c in result.dropped[:10]
+        )
+    return text
+
+
+# ---- plain data ----------------------------------------------------------------------
+
+
+def step_summary(trace, info: dict | None = None, far: int | None = None) -> dict:
+    """A small JSON-able summary of a step: what the newest token could see (and, with
+    ``far``, the share of attention on keys ``far`` or more tokens back)."""
+    keys = np.asarray(trace.key_positions)
+    out = {
+        "position": int(trace.position),
+        "char": trace.char,
+        "token_id": int(trace.token_id),
+        "memory": bool(trace.memory),
+        "n_keys": int(keys.size),
+        "n_memory": int(trace.n_memory),
+        "key_range": [int(keys[0]), int(keys[-1])] if keys.size else [],
+        "memory_tokens": int(trace.memory_tokens),
+        "memory_bytes": int(trace.memory_bytes),
+        "latency_ms": round(float(trace.latency_ms), 3),
+    }
+    if trace.attentions is not None:
+        mass = memory_mass(trace.attentions, trace.n_memory).mean(axis=1)
+        out["memory_mass_per_layer"] = [round(float(m), 4) for m in mass]
+        if far is not None:
+            n_far = far_keys(keys, trace.position, far)
+            far_mass = memory_mass(trace.attentions, n_far).mean(axis=1)
+            out["far"] = int(far)
+            out["far_mass_per_layer"] = [round(float(m), 4) for m in far_mass]
+    if info is not None:
+        out["context"] = int(info["context"])
+    return out
+
+
+def attention_export(trace, text: str | None = None, decimals: int = 6) -> dict:
+    """The step's full attention as JSON-able data (for download)."""
+    keys = np.asarray(trace.key_positions)
+    out = step_summary(trace)
+    out["key_positions"] = [int(p) for p in keys]
+    if text is not None:
+        out["key_chars"] = [text[p] if 0 <= p < len(text) else None for p in keys]
+    out["shape"] = "[n_layer, n_head, n_keys]"
+    out["attentions"] = (
+        None
+        if trace.attentions is None
+        else np.round(np.asarray(trace.attentions, dtype=np.float64), decimals).tolist()
+    )
+    return out
