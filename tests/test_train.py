@@ -168,3 +168,24 @@ def dataclass_dict(args: TrainArgs) -> dict:
     import dataclasses
 
     return dataclasses.asdict(args)
+
+
+def test_memory_length_augmentation_is_in_range_and_repeatable():
+    from txl.train import memory_length
+
+    plain = TrainArgs(data="x", out="y")
+    assert memory_length(5, plain, 128) == 128  # off: always the config's mem_len
+    args = TrainArgs(data="x", out="y", mem_min=3, mem_max=9, seed=1)
+    lengths = [memory_length(step, args, 128) for step in range(200)]
+    assert set(lengths) == set(range(3, 10))  # every length in [mem_min, mem_max] occurs
+    assert lengths == [memory_length(step, args, 128) for step in range(200)]  # per step
+
+
+def test_training_with_augmented_memory_resumes_exactly(toy_text, tmp_path):
+    model_kw = dict(TINY_MODEL, dropout=0.0)
+    aug = dict(mem_min=4, mem_max=40, steps=14, ckpt_every=7)
+    train(run_args(toy_text, tmp_path / "straight", **aug), model_kw)
+    train(run_args(toy_text, tmp_path / "broken", stop_after=7, **aug), model_kw)
+    train(run_args(toy_text, tmp_path / "broken", **aug), model_kw, resume=True)
+    straight, resumed = logged_losses(tmp_path / "straight"), logged_losses(tmp_path / "broken")
+    assert [resumed[s] for s in range(8, 15)] == [straight[s] for s in range(8, 15)]
