@@ -42,20 +42,10 @@ def tiny_model(folder, n_layer=2, seed=0):
     return str(folder)
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    """Like `python app.py`: one torch thread per model call (many small calls at once)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def serve(txl_app: app.TXLApp):
+    """Build and launch the app on a free loopback port; returns (demo, url).
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, one_thread):
-    folder = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    txl_app = app.TXLApp(folder, model_dirs=[str(tmp_path_factory.getbasetemp())])
-    assert txl_app.load_error is None
+    One torch thread per model call, as `python app.py` runs, comes from conftest.py."""
     demo = txl_app.build()
     _, url, _ = app.launch(
         demo,
@@ -65,6 +55,15 @@ def server(tmp_path_factory, one_thread):
         quiet=True,
         ssr_mode=False,
     )
+    return demo, url
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    txl_app = app.TXLApp(folder, model_dirs=[str(tmp_path_factory.getbasetemp())])
+    assert txl_app.load_error is None
+    demo, url = serve(txl_app)
     yield url, txl_app
     demo.close()
 

@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import pytest  # noqa: E402
 
-from tests.test_app import tiny_model  # noqa: E402
+from tests.test_app import serve, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.browser
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -41,26 +41,12 @@ TIMEOUT_MS = 30_000
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    import torch
-
     import app
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as `python app.py` does
-
     folder = tiny_model(tmp_path_factory.mktemp("browser") / "model")
-    demo = app.TXLApp(folder).build()
-    _, url, _ = app.launch(
-        demo,
-        server_name="127.0.0.1",
-        server_port=None,
-        prevent_thread_lock=True,
-        quiet=True,
-        ssr_mode=False,
-    )
+    demo, url = serve(app.TXLApp(folder))
     yield url
     demo.close()
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

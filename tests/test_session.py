@@ -39,15 +39,6 @@ def tiny_model(vocab=VOCAB, std=0.3, seed=0, **overrides) -> TransformerXL:
     return model.eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: a second thread only adds synchronisation (and a busy machine's waits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def peaky():
     return tiny_model()
