@@ -10,7 +10,10 @@ This file only builds the page and wires events: the text, memory and sampling l
 Environment: TXL_MODEL (model to load first), GRADIO_SERVER_NAME / GRADIO_SERVER_PORT,
 TXL_CONCURRENCY (events run at once, default 4), TXL_MAX_SESSIONS (browser sessions kept,
 default 200), TXL_SESSION_TTL (seconds a session lives after its last use, default 3600),
-TXL_MAX_PARAMS (largest model the Load box accepts, default 200M parameters),
+TXL_MAX_PARAMS (largest model the Load box accepts, default 400M parameters: the
+WikiText-103 model has 285M), TXL_DTYPE (float32, bfloat16, or auto: bfloat16 for models
+over 100M parameters, the default), TXL_SESSION_MEMORY_MB (the most memory one session's
+Transformer-XL memory may take, default 256: it caps mem_len for big models),
 TXL_TORCH_THREADS (torch threads per model call, default 1), TXL_MODEL_DIRS (folders,
 separated by os.pathsep, besides the app's own, that the Load box may read models from).
 """
@@ -37,8 +40,15 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 from txl import TransformerXL, TXLConfig, viz  # noqa: E402
-from txl.hub import CONFIG_NAME, TXLLoadError, fetch_file  # noqa: E402
-from txl.session import Session, check_seed, check_temperature, check_top_p  # noqa: E402
+from txl.hub import CONFIG_NAME, TXLLoadError  # noqa: E402
+from txl.session import (  # noqa: E402
+    Session,
+    check_seed,
+    check_temperature,
+    check_top_p,
+    memory_bytes_per_position,
+    memory_cap,
+)
 
 ROOT = Path(__file__).resolve().parent
 BUNDLED_MODEL = "weights/shakespeare-char"
@@ -90,32 +100,35 @@ def allowed_folder(source: str, folders: list[Path]) -> bool:
 
 
 def check_config(source: str, max_params: int) -> TXLConfig:
-    """Read config.json first: refuse word models and oversized models before the
-    weights are downloaded."""
-    try:
-        config = TXLConfig.load(fetch_file(source, CONFIG_NAME))
-    except (ValueError, TypeError) as e:
-        raise TXLLoadError(f"{source}: {CONFIG_NAME} is not a valid txl config: {e}") from None
-    if config.vocab is None:
-        raise TXLLoadError(f"{source}: this app needs a character model (config has no vocab)")
-    c = config
-    params = c.vocab_size * c.d_model + c.n_layer * (
-        5 * c.n_head * c.d_head * c.d_model + 2 * c.d_model * c.d_inner
-    )
+    """Read config.json first: refuse oversized models before the weights are downloaded."""
+    config = TransformerXL.load_config(source)
+    params = config.n_params()
     if params > max_params:
         raise TXLLoadError(
-            f"{source}: about {params / 1e6:.0f}M parameters, more than this app's limit of "
+            f"{source}: {params / 1e6:.0f}M parameters, more than this app's limit of "
             f"{max_params / 1e6:.0f}M (TXL_MAX_PARAMS)"
         )
     return config
+
+
+def pick_dtype(setting: str, n_params: int) -> torch.dtype:
+    """TXL_DTYPE: float32, bfloat16, or auto (bfloat16 above 100M parameters: half the
+    memory for the weights and for every session's memory)."""
+    setting = (setting or "auto").strip().lower()
+    if setting not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"TXL_DTYPE must be auto, float32 or bfloat16, got {setting!r}")
+    if setting == "auto":
+        return torch.bfloat16 if n_params > 100_000_000 else torch.float32
+    return getattr(torch, setting)
 
 
 class ModelCache:
     """Loaded models by source; the least recently used beyond ``size`` are dropped (the
     sessions that use them keep them alive)."""
 
-    def __init__(self, size: int = MODEL_CACHE_SIZE, max_params: int = 200_000_000):
+    def __init__(self, size: int = MODEL_CACHE_SIZE, max_params: int = 400_000_000):
         self.size, self.max_params = size, max_params
+        self.dtype_setting = os.environ.get("TXL_DTYPE", "auto")
         self._models: OrderedDict[str, TransformerXL] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -127,10 +140,13 @@ class ModelCache:
                 return self._models[source]
         if progress is not None:
             progress(0.1, desc=f"reading {CONFIG_NAME}")
-        check_config(source, self.max_params)
+        config = check_config(source, self.max_params)
         if progress is not None:
             progress(0.4, desc="loading the weights")
-        model = TransformerXL.from_pretrained(source).eval()
+        dtype = pick_dtype(self.dtype_setting, config.n_params())
+        model = TransformerXL.from_pretrained(source, dtype=dtype)
+        if model.tokenizer is None:
+            raise TXLLoadError(f"{source}: the model came without a vocabulary to write with")
         with self._lock:
             self._models[source] = model
             while len(self._models) > self.size:
@@ -138,13 +154,22 @@ class ModelCache:
         return model
 
 
-def model_markdown(source: str, model: TransformerXL) -> str:
+def model_markdown(source: str, model: TransformerXL, mem_cap: int) -> str:
     c = model.config
     n_params = sum(p.numel() for p in model.parameters())
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    unit = model.tokenizer.unit + "s" if model.tokenizer else "tokens"
+    cap = ""
+    if mem_cap < c.mem_len:
+        cap = (
+            f" · **memory capped at {mem_cap:,} positions per session** "
+            f"({viz.format_bytes(mem_cap * memory_bytes_per_position(model))}, "
+            "TXL_SESSION_MEMORY_MB)"
+        )
     return (
         f"**Model** `{source}` · {c.n_layer} layers × {c.n_head} heads · d_model {c.d_model} · "
-        f"{c.vocab_size} characters · {n_params / 1e6:.2f}M parameters · trained with segments "
-        f"of {c.tgt_len} and a memory of {c.mem_len}"
+        f"{c.vocab_size:,} {unit} · {n_params / 1e6:.2f}M parameters ({dtype}) · trained "
+        f"with segments of {c.tgt_len} and a memory of {c.mem_len}{cap}"
     )
 
 
@@ -244,8 +269,15 @@ class TXLApp:
 
     # -- state and settings --
 
+    def mem_cap(self, model: TransformerXL) -> int:
+        """The largest mem_len a session of this model may use (MAX_MEM_LEN, or less when
+        TXL_SESSION_MEMORY_MB would be exceeded: 18 layers x 1600 positions is 236 MB)."""
+        budget = float(os.environ.get("TXL_SESSION_MEMORY_MB") or 256) * 2**20
+        return max(1, min(MAX_MEM_LEN, memory_cap(model, budget)))
+
     def new_state(self, source: str, model: TransformerXL) -> UserState:
-        return UserState(source=source, session=Session(model))
+        mem_len = min(model.config.mem_len, self.mem_cap(model))
+        return UserState(source=source, session=Session(model, mem_len=mem_len))
 
     def ensure(self, state: UserState | None) -> UserState:
         """The caller's state, created on first use with the default model."""
@@ -255,8 +287,7 @@ class TXLApp:
             raise gr.Error(f"No model is loaded ({self.load_error}). Load one above.")
         return self.new_state(self.default_source, self.default_model)
 
-    @staticmethod
-    def apply_settings(s: Session, memory, mem_len, temperature, top_k, top_p, seed) -> None:
+    def apply_settings(self, s: Session, memory, mem_len, temperature, top_k, top_p, seed):
         """Validate every setting first, then apply (memory rebuilds only on a change)."""
         temperature, top_p, seed = (
             check_temperature(temperature),
@@ -265,6 +296,10 @@ class TXLApp:
         )
         top_k = as_int("top_k", top_k, 0, 1_000_000)
         mem_len = as_int("mem_len", mem_len, 0, MAX_MEM_LEN)
+        cap = self.mem_cap(s.model)
+        if mem_len > cap:
+            gr.Warning(f"mem_len {mem_len:,} is above this model's per-session cap; using {cap:,}.")
+            mem_len = cap
         s.temperature, s.top_k, s.top_p = temperature, top_k, top_p
         if mem_len != s.mem_len:
             s.set_mem_len(mem_len)
@@ -294,7 +329,7 @@ class TXLApp:
     def text_views(self, s: Session) -> tuple[str, str, str]:
         """(plain text, coloured HTML, status line) of the session now."""
         info = s.memory_info()
-        t, n = s.last_trace, len(s.text)
+        t, n = s.last_trace, len(s.ids)
         fresh = (
             t is not None
             and t.position == n - 1
@@ -302,7 +337,7 @@ class TXLApp:
             and t.memory_tokens == info["tokens"]
         )
         roles = viz.roles_from_trace(n, t) if fresh else viz.roles_from_info(n, info)
-        html = viz.text_html(s.text, roles, memory=info["memory"])
+        html = viz.text_html(s.pieces, roles, memory=info["memory"])
         status = viz.status_markdown(info, n, t.latency_ms if fresh else None)
         return s.text, html, status
 
@@ -314,7 +349,7 @@ class TXLApp:
             return empty, viz.placeholder_figure("", height=120), None
         c = s.model.config
         layer, head = parse_choice(layer, "layer", c.n_layer), parse_choice(head, "head", c.n_head)
-        heat = viz.heatmap_from_trace(t, s.text, layer, head, max_cols=HEATMAP_COLUMNS)
+        heat = viz.heatmap_from_trace(t, s.pieces, layer, head, max_cols=HEATMAP_COLUMNS)
         # Attention on text a model without memory could not see: seg_len or more back.
         n_far = viz.far_keys(t.key_positions, t.position, s.seg_len)
         mass = viz.memory_mass_figure(t.attentions, t.n_memory, t.memory, n_far, s.seg_len)
@@ -409,7 +444,7 @@ class TXLApp:
                 f"The text is {len(text):,} characters; the limit is {MAX_SCORE_CHARS:,}."
             )
         with user_errors():
-            mem_len = as_int("mem_len", mem_len, 0, MAX_MEM_LEN)
+            mem_len = min(as_int("mem_len", mem_len, 0, MAX_MEM_LEN), self.mem_cap(state.model))
             scorer = Session(state.model, mem_len=mem_len)  # the user's text stays untouched
             result = scorer.score(text)
         if not result.chars:
@@ -451,12 +486,12 @@ class TXLApp:
         progress(1.0, desc="ready")
         c = model.config
         return (
-            model_markdown(source, model),
+            model_markdown(source, model, self.mem_cap(model)),
             *self.all_views(state, None, None),
             gr.Dropdown(**layer_choices(c)),
             gr.Dropdown(**head_choices(c)),
-            gr.Slider(value=c.mem_len),
-            gr.Slider(value=c.mem_len),
+            gr.Slider(value=state.session.mem_len),
+            gr.Slider(value=state.session.mem_len),
         )
 
     # -- private events --
@@ -486,7 +521,8 @@ class TXLApp:
             if time.time() - old.stat().st_mtime > 600:
                 old.unlink(missing_ok=True)
         path = self.export_dir / f"attention-pos{t.position}-{time.time_ns()}.json"
-        path.write_text(json.dumps(viz.attention_export(t, state.session.text), ensure_ascii=False))
+        export = viz.attention_export(t, state.session.pieces)
+        path.write_text(json.dumps(export, ensure_ascii=False))
         return gr.File(value=str(path), visible=True)
 
     # -- the page --
@@ -508,6 +544,7 @@ class TXLApp:
     def watch_tab(self) -> dict:
         """Model source, prompt and buttons, settings, the text (left), attention (right)."""
         c = self.default_model.config if self.default_model else TXLConfig(vocab=["a"])
+        mem_cap = self.mem_cap(self.default_model) if self.default_model else MAX_MEM_LEN
         ui = {}
         with gr.Row():
             shown = _display(self.default_source)
@@ -551,8 +588,8 @@ class TXLApp:
                         )
                         ui["mem_len"] = gr.Slider(
                             0,
-                            1024,
-                            value=c.mem_len,
+                            MAX_MEM_LEN,
+                            value=min(c.mem_len, mem_cap),
                             step=1,
                             label="mem_len",
                             elem_id="mem_len",
@@ -610,7 +647,9 @@ class TXLApp:
 
     def score_tab(self) -> dict:
         """A text, a Score button, the surprisal chart and the bpc with / without memory."""
-        mem_len = self.default_model.config.mem_len if self.default_model else 0
+        model = self.default_model
+        mem_cap = self.mem_cap(model) if model else MAX_MEM_LEN
+        mem_len = min(model.config.mem_len, mem_cap) if model else 0
         ui = {}
         gr.Markdown(SCORE_HELP)
         with gr.Row():
@@ -690,7 +729,8 @@ class TXLApp:
     def model_info(self) -> str:
         if self.default_model is None:
             return f"**No model loaded**: {self.load_error}"
-        return model_markdown(_display(self.default_source), self.default_model)
+        model = self.default_model
+        return model_markdown(_display(self.default_source), model, self.mem_cap(model))
 
 
 def layer_choices(config: TXLConfig) -> dict:

@@ -25,9 +25,13 @@ PEER_VENV = ROOT / ".venv-peer"
 # Outside the repository, so it never shows up in git status.
 PEER_LOCK = Path(tempfile.gettempdir()) / f"txl-venv-peer-{zlib.crc32(bytes(ROOT)):08x}.lock"
 # transformers deleted TransfoXL in v5; 4.38-4.57 crash on the first forward (issue 29650).
-PEER_REQUIREMENTS = ["torch==2.13.0", "transformers==4.37.2"]
+# sacremoses: the reference word tokenizer (TransfoXLTokenizer) needs it.
+PEER_REQUIREMENTS = ["torch==2.13.0", "transformers==4.37.2", "sacremoses==0.2.0"]
 # Reads the installed version without importing transformers (which takes seconds).
-PEER_CHECK = "import importlib.metadata as m; m.version('torch'); print(m.version('transformers'))"
+PEER_CHECK = (
+    "import importlib.metadata as m; m.version('torch'); m.version('sacremoses'); "
+    "print(m.version('transformers'))"
+)
 
 
 def _check_peer(python: str) -> None:
@@ -38,7 +42,7 @@ def _check_peer(python: str) -> None:
     )
     if result.returncode != 0:
         pytest.fail(
-            f"the reference interpreter {python} has no transformers / torch:\n"
+            f"the reference interpreter {python} lacks one of {PEER_REQUIREMENTS}:\n"
             f"{result.stderr[-2000:]}\nfix or delete {PEER_VENV} (or set TXL_PEER_PYTHON)",
             pytrace=False,
         )

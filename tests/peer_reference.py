@@ -28,6 +28,9 @@ converted to type float without overflow"); float64 runs therefore drop that one
 (see float64_masking) and change nothing else.
 
 "segments": [] only saves the model (for checkpoints our converter must refuse).
+"words": [...] (optional) also writes OUT/model/vocab.pkl with the reference's word
+tokenizer (TransfoXLTokenizer built from that list, saved with save_vocabulary: a pickle
+of its whole __dict__, as the WikiText-103 checkpoint ships its vocabulary).
 """
 
 from __future__ import annotations
@@ -103,6 +106,15 @@ def run_segments(model, input_ids: torch.Tensor, segments: list[int], dtype) -> 
     return tensors
 
 
+def save_word_vocab(words: list[str], out: Path) -> None:
+    """OUT/model/vocab.pkl written by the reference tokenizer (needs sacremoses)."""
+    from transformers import TransfoXLTokenizer
+
+    (out / "words.txt").write_text("".join(w + "\n" for w in words))
+    tokenizer = TransfoXLTokenizer(vocab_file=str(out / "words.txt"))
+    tokenizer.save_vocabulary(str(out / "model"))
+
+
 def run_case(case: dict) -> None:
     out = Path(case["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -113,6 +125,8 @@ def run_case(case: dict) -> None:
     peaky_init(model, case.get("init_std", 0.3), generator)
     model.eval()
     model.save_pretrained(out / "model", safe_serialization=case.get("safe_serialization", True))
+    if "words" in case:
+        save_word_vocab(case["words"], out)
 
     segments = case.get("segments", [])
     if not segments:

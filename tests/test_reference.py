@@ -50,8 +50,22 @@ CASES = {
     "pre_ln_clamp": (dict(d_model=64, n_head=4, d_head=12, n_layer=2, pre_lnorm=True,
                           same_length=False, clamp_len=5, untie_r=True), [7, 12, 1]),
 }
+# Adaptive input and softmax (full configs). Peaky weights put real mass on every cluster,
+# so the tail clusters' log-probabilities are compared too, over three segments.
+ADAPTIVE = dict(BASE, d_model=64, n_head=4, d_head=16, n_layer=2, pre_lnorm=False,
+                same_length=False, clamp_len=-1, untie_r=True, cutoffs=[20, 40], div_val=2,
+                d_embed=64)
+ADAPTIVE_CASES = {
+    "adaptive_div2": (ADAPTIVE, [7, 12, 1]),
+    "adaptive_div2_shared_r": (dict(ADAPTIVE, untie_r=False, pre_lnorm=True, same_length=True,
+                                    clamp_len=5), [7, 12, 1]),
+    # div_val 1 with d_embed != d_model: one table, projected, projections tied but the first
+    "adaptive_div1_projected": (dict(ADAPTIVE, div_val=1, d_embed=48), [1, 12, 7]),
+    # the WikiText-103 model's shape in miniature: 3 tail clusters, div_val 4, same_length
+    "wt103_shaped": (dict(ADAPTIVE, cutoffs=[20, 40, 55], div_val=4, d_embed=64,
+                          same_length=True, clamp_len=10, mem_len=12), [7, 12, 5]),
+}
 BIN_CASE = "pytorch_bin_shared_r"  # saved with safe_serialization=False
-ADAPTIVE_CASE = "adaptive"  # cutoffs [20, 40]: the converter must refuse it
 
 
 def _spec(out: Path) -> dict:
@@ -62,8 +76,9 @@ def _spec(out: Path) -> dict:
     bin_cfg = {**BASE, **CASES["pre_ln_shared_r"][0], "d_embed": 32}
     cases.append(dict(out=str(out / BIN_CASE), config=bin_cfg, seed=99, init_std=0.3,
                       segments=[7, 12, 1], batch=2, safe_serialization=False))
-    adaptive = {**BASE, **CASES["post_ln"][0], "d_embed": 64, "cutoffs": [20, 40], "div_val": 2}
-    cases.append(dict(out=str(out / ADAPTIVE_CASE), config=adaptive, seed=7, segments=[]))
+    for seed, (name, (cfg, segments)) in enumerate(ADAPTIVE_CASES.items(), start=50):
+        cases.append(dict(out=str(out / name), config=cfg, seed=seed, init_std=0.3,
+                          segments=segments, batch=2))
     return {"cases": cases}
 
 
@@ -120,7 +135,7 @@ def _compare(model: TransformerXL, ref: dict, prefix: str, tol) -> list[float]:
     return diffs
 
 
-@pytest.mark.parametrize("name", [*CASES, BIN_CASE])
+@pytest.mark.parametrize("name", [*CASES, *ADAPTIVE_CASES, BIN_CASE])
 def test_matches_reference_float64(reference, tmp_path, name):
     """In float64 rounding is out of the way: agreement to 1e-9 (in practice ~1e-13)."""
     convert_folder(reference / name / "model", tmp_path / "converted")
@@ -129,7 +144,7 @@ def test_matches_reference_float64(reference, tmp_path, name):
     _compare(model, ref, "float64", lambda expected: TOL64)
 
 
-@pytest.mark.parametrize("name", [*CASES, BIN_CASE])
+@pytest.mark.parametrize("name", [*CASES, *ADAPTIVE_CASES, BIN_CASE])
 def test_matches_reference_float32(reference, tmp_path, name):
     """Against the reference exactly as shipped (float32, no patch).
 
@@ -189,15 +204,43 @@ def test_cli_reports_unreadable_input(tmp_path, capsys):
     assert "error" in capsys.readouterr().err
 
 
-def test_cli_refuses_adaptive_checkpoint(reference, tmp_path):
-    """A real adaptive-softmax checkpoint: exit code 2, the reason on stderr, no output."""
+def test_adaptive_model_layout(reference, tmp_path):
+    """The WT103-shaped checkpoint: four clusters, own first projection, tied others."""
+    model = convert_folder(reference / "wt103_shaped" / "model", tmp_path / "c")
+    cfg = model.config
+    assert (cfg.cutoffs, cfg.div_val, cfg.embed_dims, cfg.tie_projs) == (
+        [20, 40, 55], 4, [64, 16, 4, 1], [False, True, True, True])
+    assert [w.shape for w in model.embedding.layers.parameters()] == [
+        (20, 64), (20, 16), (15, 4), (10, 1)]
+    assert set(model.softmax.projs) == {"0"}  # clusters 1-3 use the input's projections
+    assert sum(p.numel() for p in model.parameters()) == cfg.n_params()
+
+
+@pytest.mark.parametrize("name", ADAPTIVE_CASES)
+def test_adaptive_nll_matches_log_probs(reference, tmp_path, name):
+    """token_nll computes only the targets' clusters; it must equal gathering log_probs."""
+    model = convert_folder(reference / name / "model", tmp_path / "c").double()
+    ids = load_file(reference / name / "reference.safetensors")["input_ids"]
+    with torch.no_grad():
+        full = model(ids[:, :-1]).logits
+        nll = model(ids[:, :-1], targets=ids[:, 1:]).nll
+    expected = -full.gather(2, ids[:, 1:, None]).squeeze(2)
+    assert {int(t) // 20 for t in ids.flatten()} >= {0, 1, 2}  # several clusters are hit
+    assert _max_diff(nll, expected) < 1e-12
+
+
+def test_cli_refuses_unsupported_checkpoint(reference, tmp_path):
+    """attn_type 1: exit code 2, the reason on stderr, no output folder."""
+    src = tmp_path / "src"
+    shutil.copytree(reference / "post_ln" / "model", src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "attn_type": 1}))
     result = subprocess.run(
-        [sys.executable, "-m", "txl.convert", str(reference / ADAPTIVE_CASE / "model"),
-         str(tmp_path / "out")],
+        [sys.executable, "-m", "txl.convert", str(src), str(tmp_path / "out")],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )
     assert result.returncode == 2, result.stderr
-    assert "adaptive softmax" in result.stderr and "not yet supported" in result.stderr
+    assert "attn_type 1" in result.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -269,11 +312,10 @@ def test_convert_accepts_tied_copies_that_agree():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"cutoffs": [5]}, "adaptive softmax / adaptive input is not yet supported"),
+        ({"cutoffs": [20]}, r"cutoffs \[20\] must increase strictly inside \(0, 11\)"),
+        ({"cutoffs": [5], "tie_projs": [True]}, "tie_projs needs one entry per cluster"),
         ({"attn_type": 1}, "attn_type 1"),
         ({"attn_type": 2}, "attn_type 2"),
-        ({"d_embed": 16}, "d_embed 16 != d_model 8"),
-        ({"div_val": 2}, "div_val 2"),
         ({"tie_word_embeddings": False}, "tie_word_embeddings"),
         ({"sample_softmax": 5}, "sample_softmax"),
         ({"model_type": "gpt2"}, "model_type"),

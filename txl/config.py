@@ -12,8 +12,15 @@ from pathlib import Path
 class TXLConfig:
     """Hyper-parameters of a Transformer-XL (names follow the paper and the original code).
 
-    A character model carries its symbol list in ``vocab``; a converted checkpoint that
-    came without one sets only ``vocab_size`` and works on token ids.
+    A model carries its symbol list in ``vocab`` (characters, or words when ``tokenizer``
+    is "word"); a converted checkpoint that came without one sets only ``vocab_size`` and
+    works on token ids.
+
+    Adaptive input and softmax (Baevski & Auli, 2019; the WikiText-103 model): ``cutoffs``
+    split the vocabulary, sorted by frequency, into clusters [0, c0), [c0, c1), ...;
+    cluster i is embedded in ``d_embed // div_val**i`` dimensions and projected to
+    d_model, so rare words cost few parameters. No cutoffs, div_val 1 and d_embed ==
+    d_model is the plain tied embedding and softmax.
     """
 
     vocab: list[str] | None = None  # symbol of each token id (character models)
@@ -33,6 +40,14 @@ class TXLConfig:
     untie_r: bool = True  # a u and v per layer (True) or one pair shared by all layers
     layer_norm_epsilon: float = 1e-5
     unk_symbol: str | None = None  # what tokenizer.encode(errors="replace") substitutes
+    tokenizer: str = "char"  # how vocab's symbols make text: "char" or "word"
+    cutoffs: list[int] = field(
+        default_factory=list
+    )  # adaptive cluster bounds (WT103: 20k 40k 200k)
+    div_val: int = 1  # cluster i is embedded in d_embed // div_val**i dimensions
+    d_embed: int = 0  # embedding width of the first cluster (0: d_model)
+    tie_projs: list[bool] = field(default_factory=list)  # per cluster: softmax uses the
+    # embedding's projection (True) or its own (False); [] means all False
     extra: dict = field(default_factory=dict)  # free-form provenance (not used by the math)
 
     def __post_init__(self) -> None:
@@ -54,6 +69,77 @@ class TXLConfig:
             raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
         if self.d_model % 2:
             raise ValueError("d_model must be even (sinusoids come in sin/cos pairs)")
+        self._check_adaptive()
+
+    def _check_adaptive(self) -> None:
+        if self.tokenizer not in ("char", "word"):
+            raise ValueError(f"tokenizer must be 'char' or 'word', got {self.tokenizer!r}")
+        self.cutoffs = [int(c) for c in self.cutoffs]
+        bounds = [0, *self.cutoffs, self.vocab_size]
+        if any(a >= b for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(
+                f"cutoffs {self.cutoffs} must increase strictly inside (0, {self.vocab_size})"
+            )
+        if self.div_val < 1 or self.d_embed < 0:
+            raise ValueError(
+                f"div_val must be >= 1 and d_embed >= 0, got {self.div_val}, {self.d_embed}"
+            )
+        if self.d_embed == 0:
+            self.d_embed = self.d_model
+        if min(self.embed_dims) < 1:
+            raise ValueError(
+                f"d_embed {self.d_embed} / div_val {self.div_val} leaves a cluster "
+                "with no dimensions"
+            )
+        self.tie_projs = [bool(t) for t in self.tie_projs]
+        if self.tie_projs and len(self.tie_projs) != len(self.cutoffs) + 1:
+            raise ValueError(f"tie_projs needs one entry per cluster ({len(self.cutoffs) + 1})")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the embedding and softmax are adaptive / projected (else plain, tied)."""
+        return bool(self.cutoffs) or self.div_val != 1 or self.d_embed != self.d_model
+
+    @property
+    def cluster_bounds(self) -> list[int]:
+        """[0, *cutoffs, vocab_size]: cluster i holds the ids [bounds[i], bounds[i + 1])."""
+        return [0, *self.cutoffs, self.vocab_size]
+
+    @property
+    def embed_dims(self) -> list[int]:
+        """Embedding width of each cluster: d_embed // div_val**i (one entry if div_val 1)."""
+        if self.div_val == 1:
+            return [self.d_embed]
+        return [self.d_embed // self.div_val**i for i in range(len(self.cutoffs) + 1)]
+
+    def n_params(self) -> int:
+        """Parameter count of the model this config builds (without building it)."""
+        c, inner = self, self.n_head * self.d_head
+        per_layer = (
+            4 * inner * c.d_model  # q, k, v, W_r
+            + inner * c.d_model  # output projection
+            + 2 * c.d_model * c.d_inner
+            + c.d_inner
+            + c.d_model  # feed-forward
+            + 4 * c.d_model  # two LayerNorms
+            + (2 * inner if c.untie_r else 0)  # u, v
+        )
+        shared_r = 0 if c.untie_r else 2 * inner
+        if not c.adaptive:
+            return c.n_layer * per_layer + shared_r + c.vocab_size * (c.d_model + 1)
+        bounds, dims = self.cluster_bounds, self.embed_dims
+        sizes = [c.vocab_size] if c.div_val == 1 else [b - a for a, b in zip(bounds, bounds[1:])]
+        embeddings = sum(n * d for n, d in zip(sizes, dims))
+        emb_projs = sum(c.d_model * d for d in dims if d != c.d_model or c.div_val != 1)
+        n_clusters = len(c.cutoffs)
+        head = n_clusters * (c.d_embed + 1) + c.vocab_size  # cluster weight + bias, biases
+        tied = c.tie_projs or [False] * (n_clusters + 1)
+        out_projs = sum(
+            c.d_model * (dims[0] if c.div_val == 1 else dims[i])
+            for i in range(n_clusters + 1)
+            if not tied[i] and (c.div_val != 1 or c.d_embed != c.d_model)
+        )
+        return c.n_layer * per_layer + shared_r + embeddings + emb_projs + head + out_projs
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

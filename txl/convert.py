@@ -3,15 +3,18 @@
     python -m txl.convert SRC DST [--overwrite]
 
 SRC is a folder written by ``TransfoXLLMHeadModel.save_pretrained`` (config.json plus
-model.safetensors or pytorch_model.bin, possibly sharded). DST receives config.json,
+model.safetensors or pytorch_model.bin, possibly sharded), with its word vocabulary
+(vocab.json, vocab.pkl or vocab.bin) when it has one. DST receives config.json,
 model.safetensors and a model card, loadable with ``TransformerXL.from_pretrained(DST)``.
 
-Only the plain-softmax form is supported: no cutoffs (no adaptive softmax), div_val 1,
-d_embed == d_model, output layer tied to the embedding. Anything else is refused with
-:class:`UnsupportedCheckpoint` (exit code 2 from the command line), never loaded half-way.
+Plain and adaptive (cutoffs, div_val, d_embed != d_model) embeddings and softmaxes are
+supported, with the output layer tied to the embedding as in every published checkpoint.
+Anything else is refused with :class:`UnsupportedCheckpoint` (exit code 2 from the command
+line), never loaded half-way. The mapping itself is txl/hf_format.py.
 
 pytorch_model.bin is read with ``torch.load(weights_only=True)``, which refuses to run
-code from the pickle; nothing else here unpickles.
+code from the pickle; the vocabulary pickles are read by txl/vocab.py, which builds plain
+data only.
 """
 
 from __future__ import annotations
@@ -28,197 +31,17 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from .config import TXLConfig
-from .model import TransformerXL
-
-# TransfoXLConfig's defaults (transformers 4.37): a config.json only lists the fields that
-# differ from them, so a missing field means this value, exactly as transformers reads it.
-HF_DEFAULTS = {
-    "vocab_size": 267735,
-    "cutoffs": [20000, 40000, 200000],
-    "d_model": 1024,
-    "d_embed": 1024,
-    "n_head": 16,
-    "d_head": 64,
-    "d_inner": 4096,
-    "div_val": 4,
-    "pre_lnorm": False,
-    "n_layer": 18,
-    "mem_len": 1600,
-    "clamp_len": 1000,
-    "same_length": True,
-    "attn_type": 0,
-    "sample_softmax": -1,
-    "dropout": 0.1,
-    "dropatt": 0.0,
-    "untie_r": True,
-    "layer_norm_epsilon": 1e-5,
-    "tie_word_embeddings": True,
-}
-# Old names transformers still accepts (TransfoXLConfig.attribute_map).
-HF_ALIASES = {
-    "n_token": "vocab_size",
-    "hidden_size": "d_model",
-    "num_attention_heads": "n_head",
-    "num_hidden_layers": "n_layer",
-}
-# Fields copied unchanged into TXLConfig.
-COPIED_FIELDS = (
-    "vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner", "dropout", "dropatt",
-    "mem_len", "clamp_len", "same_length", "pre_lnorm", "untie_r", "layer_norm_epsilon",
+from .hf_format import (
+    SHARD_INDEXES,
+    WEIGHT_FILES,
+    UnsupportedCheckpoint,
+    map_state,
+    txl_config_from_hf,
 )
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+from .model import TransformerXL
+from .vocab import VOCAB_FILES, load_word_vocab
 
-
-class UnsupportedCheckpoint(ValueError):
-    """The checkpoint is not one this converter can turn into an exact TransformerXL."""
-
-
-# ---- config -------------------------------------------------------------------------
-
-
-def read_hf_config(hf_config: dict) -> dict:
-    """config.json as transformers would read it: aliases resolved, defaults filled in."""
-    cfg = dict(HF_DEFAULTS)
-    for key, value in hf_config.items():
-        cfg[HF_ALIASES.get(key, key)] = value
-    return cfg
-
-
-def check_supported(cfg: dict) -> None:
-    """Raise UnsupportedCheckpoint naming every feature our model does not implement."""
-    problems = []
-    model_type = cfg.get("model_type", "transfo-xl")
-    if model_type != "transfo-xl":
-        problems.append(f"model_type is {model_type!r}, not 'transfo-xl'")
-    if cfg["cutoffs"]:
-        problems.append(
-            f"cutoffs {cfg['cutoffs']}: adaptive softmax / adaptive input is not yet supported "
-            "(only checkpoints with cutoffs [] can be converted)"
-        )
-    if cfg["div_val"] != 1:
-        problems.append(f"div_val {cfg['div_val']} (only 1 is supported)")
-    if cfg["d_embed"] != cfg["d_model"]:
-        problems.append(
-            f"d_embed {cfg['d_embed']} != d_model {cfg['d_model']} (embedding projections are "
-            "not supported)"
-        )
-    if cfg["attn_type"] != 0:
-        problems.append(
-            f"attn_type {cfg['attn_type']} (only 0, the relative attention of the paper, is "
-            "supported)"
-        )
-    if cfg["sample_softmax"] > 0:
-        problems.append(f"sample_softmax {cfg['sample_softmax']} (sampled softmax)")
-    if not cfg["tie_word_embeddings"]:
-        problems.append("tie_word_embeddings is false (our output layer is tied to the embedding)")
-    if problems:
-        raise UnsupportedCheckpoint("unsupported TransfoXL checkpoint: " + "; ".join(problems))
-
-
-def txl_config_from_hf(hf_config: dict) -> TXLConfig:
-    """TXLConfig for a supported transformers config (raises UnsupportedCheckpoint)."""
-    cfg = read_hf_config(hf_config)
-    check_supported(cfg)
-    fields = {name: cfg[name] for name in COPIED_FIELDS}
-    if "tgt_len" in cfg:  # only the original code's configs carry it
-        fields["tgt_len"] = cfg["tgt_len"]
-    extra = {
-        "converted_from": "transformers TransfoXLLMHeadModel",
-        "transformers_version": cfg.get("transformers_version"),
-    }
-    try:
-        return TXLConfig(vocab=None, extra=extra, **fields)
-    except ValueError as err:
-        raise UnsupportedCheckpoint(f"config cannot be converted: {err}") from err
-
-
-# ---- weights ------------------------------------------------------------------------
-
-
-def _same(a: Tensor, b: Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a, b)
-
-
-def _take_shared(hf_state: dict, names: list[str], what: str, used: set, missing: list):
-    """One tensor stored under several names (tied or shared); the copies must agree.
-
-    Safetensors files keep one of the names, pytorch_model.bin files keep them all.
-    Returns None (and records the first name as missing) when none is present.
-    """
-    present = [n for n in names if n in hf_state]
-    if not present:
-        missing.append(names[0] if len(names) == 1 else f"{names[0]} (or {', '.join(names[1:])})")
-        return None
-    first = hf_state[present[0]]
-    for name in present[1:]:
-        if not _same(first, hf_state[name]):
-            raise UnsupportedCheckpoint(f"{name} differs from {present[0]} but must be {what}")
-    used.update(present)
-    return first
-
-
-def _layer_map(n: int) -> dict[str, str]:
-    """Our name -> the reference's name, for layer n (u and v handled apart)."""
-    src, dst = f"transformer.layers.{n}.", f"layers.{n}."
-    pairs = {
-        "attn.qkv.weight": "dec_attn.qkv_net.weight",
-        "attn.r_proj.weight": "dec_attn.r_net.weight",
-        "attn.out.weight": "dec_attn.o_net.weight",
-        "attn.norm.weight": "dec_attn.layer_norm.weight",
-        "attn.norm.bias": "dec_attn.layer_norm.bias",
-        "ff.fc1.weight": "pos_ff.CoreNet.0.weight",
-        "ff.fc1.bias": "pos_ff.CoreNet.0.bias",
-        "ff.fc2.weight": "pos_ff.CoreNet.3.weight",
-        "ff.fc2.bias": "pos_ff.CoreNet.3.bias",
-        "ff.norm.weight": "pos_ff.layer_norm.weight",
-        "ff.norm.bias": "pos_ff.layer_norm.bias",
-    }
-    return {dst + ours: src + theirs for ours, theirs in pairs.items()}
-
-
-def _biases(config: TXLConfig, hf_state: dict, used: set, missing: list) -> dict:
-    """u (r_w_bias) and v (r_r_bias): per layer with untie_r, else one shared pair."""
-    out = {}
-    for ours, theirs in (("u", "r_w_bias"), ("v", "r_r_bias")):
-        per_layer = [f"transformer.layers.{n}.dec_attn.{theirs}" for n in range(config.n_layer)]
-        if config.untie_r:
-            for n, name in enumerate(per_layer):
-                out[f"layers.{n}.{ours}"] = _take_shared(hf_state, [name], name, used, missing)
-        else:
-            # The layers hold references to the model's pair; any surviving copy must agree.
-            names = [f"transformer.{theirs}"] + per_layer
-            out[ours] = _take_shared(hf_state, names, f"the shared {theirs}", used, missing)
-    return out
-
-
-def _map_state(hf_config: dict, hf_state: dict) -> tuple[TXLConfig, dict]:
-    """Rename the reference's tensors to ours; name any missing or unexpected one."""
-    config = txl_config_from_hf(hf_config)
-    used = {"transformer.pos_emb.inv_freq"}  # a buffer we recompute
-    missing = []
-    state = {}
-
-    names = {"lm_bias": "crit.out_layers.0.bias"}
-    for n in range(config.n_layer):
-        names.update(_layer_map(n))
-    for ours, theirs in names.items():
-        state[ours] = _take_shared(hf_state, [theirs], theirs, used, missing)
-    state["embedding.weight"] = _take_shared(
-        hf_state,
-        ["transformer.word_emb.emb_layers.0.weight", "crit.out_layers.0.weight"],
-        "the embedding (tied to the output layer)",
-        used,
-        missing,
-    )
-    state.update(_biases(config, hf_state, used, missing))
-    if missing:
-        raise UnsupportedCheckpoint(f"checkpoint lacks tensors: {', '.join(missing)}")
-
-    unexpected = sorted(set(hf_state) - used)
-    if unexpected:
-        raise UnsupportedCheckpoint(f"checkpoint has unexpected tensors: {', '.join(unexpected)}")
-    return config, {k: v.detach().to(torch.float32).contiguous() for k, v in state.items()}
+__all__ = ["UnsupportedCheckpoint", "convert_folder", "convert_state_dict", "main"]
 
 
 def _load(config: TXLConfig, state: dict) -> TransformerXL:
@@ -236,13 +59,15 @@ def _load(config: TXLConfig, state: dict) -> TransformerXL:
     return model.eval()
 
 
-def convert_state_dict(hf_config: dict, hf_state: dict) -> tuple[TXLConfig, dict]:
+def convert_state_dict(
+    hf_config: dict, hf_state: dict, vocab: list[str] | None = None
+) -> tuple[TXLConfig, dict]:
     """(TXLConfig, our state dict) for a transformers TransfoXLLMHeadModel.
 
     hf_config is the checkpoint's config.json as a dict. Raises UnsupportedCheckpoint for
     unsupported configs and for missing, unexpected or misshapen tensors, naming them.
     """
-    config, state = _map_state(hf_config, hf_state)
+    config, state = map_state(hf_config, hf_state, vocab)
     _load(config, state)  # proves the state dict loads with strict=True
     return config, state
 
@@ -282,7 +107,9 @@ def convert_folder(src: str | Path, dst: str | Path) -> TransformerXL:
         raise FileNotFoundError(f"{config_path} not found (is {src} a checkpoint folder?)")
     hf_config = json.loads(config_path.read_text())
     txl_config_from_hf(hf_config)  # refuse before reading gigabytes of weights
-    model = _load(*_map_state(hf_config, load_hf_state(src)))
+    vocab_files = {name: src / name for name in VOCAB_FILES if (src / name).is_file()}
+    vocab = load_word_vocab(vocab_files) if vocab_files else None
+    model = _load(*map_state(hf_config, load_hf_state(src), vocab))
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst)
     return model

@@ -8,6 +8,7 @@ the cause, so the app can show it as it is.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from huggingface_hub import hf_hub_download
@@ -31,9 +32,14 @@ class TXLLoadError(RuntimeError):
 
 
 def fetch_file(
-    source: str | Path, filename: str, revision: str | None = None, **hub_kwargs
-) -> Path:
-    """Path to ``filename`` of a local folder, or of a Hub repo (downloaded or cached)."""
+    source: str | Path,
+    filename: str,
+    revision: str | None = None,
+    optional: bool = False,
+    **hub_kwargs,
+) -> Path | None:
+    """Path to ``filename`` of a local folder, or of a Hub repo (downloaded or cached).
+    optional: None when the folder or repo has no such file (other failures still raise)."""
     if not str(source).strip():
         raise TXLLoadError("no model given: pass a folder or a Hub repo id like 'org/name'")
     local = Path(source).expanduser()
@@ -43,6 +49,8 @@ def fetch_file(
         is_dir = False
     if is_dir:
         path = local / filename
+        if optional and not path.exists():
+            return None
         if not path.is_file():
             raise TXLLoadError(f"{source}: {filename} is missing from the folder")
         return path
@@ -64,9 +72,25 @@ def fetch_file(
     except LocalEntryNotFoundError:  # before EntryNotFoundError and OSError: it is both
         cause = f"{filename} is not cached and the Hub cannot be reached (offline?)"
     except EntryNotFoundError:  # RemoteEntryNotFoundError
+        if optional:
+            return None
         cause = f"the repo has no {filename}"
     except HfHubHTTPError as e:
         cause = f"the Hub answered with an error: {e}"
     except (OSError, ValueError) as e:
         cause = f"download failed: {e}"
     raise TXLLoadError(f"{source}: {cause}")
+
+
+def snapshot_commit(path: Path) -> str | None:
+    """The commit sha of a file in the Hub cache (.../snapshots/<sha>/file), else None."""
+    if path.parent.parent.name == "snapshots":
+        return path.parent.name
+    return None
+
+
+def converted_cache_dir(repo_id: str, commit: str) -> Path:
+    """Where a Hub checkpoint converted to the txl format is kept: $TXL_CACHE (default
+    ~/.cache/txl) / converted / org--name / commit."""
+    root = Path(os.environ.get("TXL_CACHE") or Path.home() / ".cache" / "txl")
+    return root / "converted" / repo_id.replace("/", "--") / commit

@@ -20,33 +20,49 @@ R_Δ = [sin(Δ ω) | cos(Δ ω)] is the sinusoid of the distance, ω_k = 1 / 100
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from safetensors import SafetensorError
-from safetensors.torch import load_model
+from safetensors.torch import load_file, load_model
 from torch import Tensor, nn
 
+from . import tokenizer as tokenizers
+from .adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from .config import TXLConfig
-from .hub import CONFIG_NAME, WEIGHTS_NAME, TXLLoadError, fetch_file
-from .tokenizer import CharTokenizer
+from .hf_format import is_transfo_xl_config, map_state, txl_config_from_hf
+from .hub import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    TXLLoadError,
+    converted_cache_dir,
+    fetch_file,
+    snapshot_commit,
+)
+from .vocab import VOCAB_FILES, load_word_vocab
 
 
 @dataclass
 class TXLOutput:
-    logits: Tensor  # [B, T, vocab] raw scores of the next token
+    logits: Tensor | None  # [B, T, vocab] scores of the next token (None when targets given)
     mems: list[Tensor]  # per layer [B, min(M + T, mem_len), d]: the memory for the next call
     attentions: list[Tensor] | None = None  # per layer [B, H, T, K]; rows sum to 1
+    nll: Tensor | None = None  # [B, T] -log p(target) in nats, when targets were given
 
 
 @dataclass
 class CachedOutput:
-    logits: Tensor  # [B, T, vocab]
+    logits: Tensor | None  # [B, T, vocab] ([B, 1, vocab] with last_only; None with targets)
     memory: KVMemory  # the same object that was passed in, advanced by T positions
     attentions: list[Tensor] | None = None  # per layer [B, H, T, K]
+    nll: Tensor | None = None  # [B, T], when targets were given
 
 
 class KVMemory:
@@ -70,7 +86,7 @@ class KVMemory:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of keys and values in the memory (the buffers hold up to twice that)."""
+        """Bytes of keys and values in the memory (the buffers hold up to 25 % more)."""
         return sum(t[:, :, self.start : self.end].nbytes for t in self.k + self.v)
 
     def truncate(self, mem_len: int) -> None:
@@ -96,7 +112,9 @@ class KVMemory:
         if self.k and self.end + T <= self.k[0].size(2):
             return
         M = len(self)
-        capacity = max(64, 2 * (M + T))  # compact and grow: amortised O(1) per position
+        # Compact and grow, with 25 % spare room: a copy of M positions every M / 4 steps
+        # is amortised O(1) per step, and a big model's memory stays close to its size.
+        capacity = M + T + max(64, (M + T) // 4)
         for buffers in (self.k, self.v):
             for layer in range(n_layer):
                 fresh = torch.empty(B, H, capacity, Dh, dtype=dtype, device=device)
@@ -125,6 +143,16 @@ class KVMemory:
         self.truncate(mem_len)
 
 
+def make_tokenizer(config: TXLConfig):
+    """The tokenizer of config.vocab (characters or words), None without a vocab."""
+    if not config.vocab:
+        return None
+    if config.tokenizer == "word":
+        unk = {"unk_symbol": config.unk_symbol} if config.unk_symbol else {}
+        return tokenizers.WordTokenizer(config.vocab, **unk)
+    return tokenizers.CharTokenizer(config.vocab, config.unk_symbol)
+
+
 def _prepend(mem_k: Tensor, mem_v: Tensor):
     """memory_kv for hidden-state memory: concatenate the projected memory in front."""
     return lambda k, v: (torch.cat([mem_k, k], dim=2), torch.cat([mem_v, v], dim=2))
@@ -151,12 +179,16 @@ class RelativePositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int):
         super().__init__()
-        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0) / d_model))  # ω [d/2]
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.d_model = d_model
 
-    def forward(self, distances: Tensor) -> Tensor:  # [K] -> [K, d]
-        angles = torch.outer(distances.to(self.inv_freq.dtype), self.inv_freq)
-        return torch.cat([angles.sin(), angles.cos()], dim=-1)
+    def forward(self, distances: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """[K] -> [K, d] in dtype. ω is float32 as in the original code; the angles are
+        computed in at least float32 (bfloat16 cannot hold Δω for Δ in the thousands)."""
+        d = self.d_model
+        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d, 2.0, device=distances.device) / d))
+        work = torch.promote_types(dtype, torch.float32)
+        angles = torch.outer(distances.to(work), inv_freq.to(work))  # [K, d/2]
+        return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
 
 
 class RelMultiHeadAttention(nn.Module):
@@ -261,6 +293,10 @@ class TransformerXL(
 
     ``model.mem_len`` (initially ``config.mem_len``) sets how many positions each layer
     keeps; change it at any time, longer or shorter than the model was trained with.
+
+    The embedding and output layer are a plain table E (logits = h E^T + b) or, with
+    ``config.adaptive``, the adaptive pair of txl/adaptive.py, whose ``logits`` are
+    log-probabilities (the same distribution under softmax).
     """
 
     def __init__(self, config: TXLConfig):
@@ -270,15 +306,19 @@ class TransformerXL(
         self.config = config
         self.mem_len = config.mem_len
         d = config.d_model
-        self.embedding = nn.Embedding(config.vocab_size, d)
+        if config.adaptive:
+            self.embedding = AdaptiveEmbedding(config)
+            self.softmax = ProjectedAdaptiveLogSoftmax(config, self.embedding)
+        else:
+            self.embedding = nn.Embedding(config.vocab_size, d)
+            self.lm_bias = nn.Parameter(torch.zeros(config.vocab_size))  # weight: tied
         self.pos_enc = RelativePositionalEncoding(d)
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(XLLayer(config) for _ in range(config.n_layer))
         if not config.untie_r:  # one u and v shared by every layer
             self.u = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.v = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-        self.lm_bias = nn.Parameter(torch.zeros(config.vocab_size))  # output weight is tied
-        self._tokenizer = CharTokenizer(config.vocab, config.unk_symbol) if config.vocab else None
+        self._tokenizer = make_tokenizer(config)
         self._position_table = None  # inference cache of W_r R, see position_keys_cached
         self.reset_parameters()
 
@@ -287,14 +327,14 @@ class TransformerXL(
         for name, p in self.named_parameters():
             if "norm" in name:
                 nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
-            elif name.endswith("bias") and "layers" in name or name == "lm_bias":
+            elif "bias" in name:  # fc biases, lm_bias, the adaptive softmax's biases
                 nn.init.zeros_(p)
             else:
                 nn.init.normal_(p, 0.0, std)
 
     @property
-    def tokenizer(self) -> CharTokenizer | None:
-        """The character tokenizer, or None for a model that came without a symbol list."""
+    def tokenizer(self) -> tokenizers.CharTokenizer | tokenizers.WordTokenizer | None:
+        """The model's tokenizer, or None for a model that came without a symbol list."""
         return self._tokenizer
 
     def biases(self, layer: int) -> tuple[Tensor, Tensor]:
@@ -336,8 +376,27 @@ class TransformerXL(
         return self.embedding(input_ids) * math.sqrt(self.config.d_model)
 
     def lm_head(self, h: Tensor) -> Tensor:
-        """Tied output layer: logits = h E^T + b, [B, T, d] -> [B, T, vocab]."""
+        """Scores of the next token, [B, T, d] -> [B, T, vocab]: the tied output layer
+        h E^T + b, or the adaptive softmax's log-probabilities."""
+        if self.config.adaptive:
+            return self.softmax.log_probs(h)
         return F.linear(h, self.embedding.weight, self.lm_bias)
+
+    def token_nll(self, h: Tensor, targets: Tensor) -> Tensor:
+        """-log p(targets) in nats, [B, T, d] and [B, T] -> [B, T] (at least float32).
+        The adaptive softmax computes only the clusters the targets fall in."""
+        if self.config.adaptive:
+            return self.softmax.nll(h, targets)
+        logits = self.lm_head(h)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+
+    def _head(self, h: Tensor, targets: Tensor | None, last_only: bool = False) -> dict:
+        """The output fields: nll when targets are given, else logits (of every position,
+        or of the last one only)."""
+        if targets is not None:
+            return dict(logits=None, nll=self.token_nll(h, targets))
+        return dict(logits=self.lm_head(h[:, -1:] if last_only else h))
 
     def _check_input(self, input_ids: Tensor) -> None:
         if input_ids.dim() != 2 or input_ids.dtype != torch.long:
@@ -369,8 +428,10 @@ class TransformerXL(
         mems: list[Tensor] | None = None,
         output_attentions: bool = False,
         mem_len: int | None = None,
+        targets: Tensor | None = None,
     ) -> TXLOutput:
-        """input_ids [B, T]; mems None (empty memory) or the previous call's ``out.mems``."""
+        """input_ids [B, T]; mems None (empty memory) or the previous call's ``out.mems``.
+        targets [B, T] (the next token of each position): return ``nll``, not ``logits``."""
         self._check_input(input_ids)
         mem_len = self.mem_len if mem_len is None else mem_len
         B, T = input_ids.shape
@@ -382,8 +443,7 @@ class TransformerXL(
         K = M + T
 
         h = self.drop(self.embed(input_ids))  # [B, T, d]
-        r = self.drop(self.pos_enc(self.distances(K, input_ids.device)))  # [K, d]
-        r = r.to(h.dtype)
+        r = self.drop(self.pos_enc(self.distances(K, input_ids.device), h.dtype))  # [K, d]
         r_k = [layer.attn.position_keys(r) for layer in self.layers]  # [H, K, Dh] each
         memory_kv = [
             _prepend(*layer.attn.project_kv(m.to(h.dtype))) for layer, m in zip(self.layers, mems)
@@ -396,7 +456,7 @@ class TransformerXL(
         with torch.no_grad():
             new_mems = [torch.cat([m, x], dim=1) for m, x in zip(mems, inputs)]
             new_mems = [m[:, max(0, m.size(1) - mem_len) :].detach() for m in new_mems]
-        return TXLOutput(self.lm_head(h), new_mems, attentions)
+        return TXLOutput(mems=new_mems, attentions=attentions, **self._head(h, targets))
 
     # ---- inference: keys and values cached ---------------------------------------------
 
@@ -414,7 +474,7 @@ class TransformerXL(
         table = self._position_table
         if table is None or table[0] != key or table[1] < K - 1:
             longest = max(2 * (K - 1), 256)
-            r = self.pos_enc(self.distances(longest + 1, device)).to(dtype)  # longest ... 0
+            r = self.pos_enc(self.distances(longest + 1, device), dtype)  # longest ... 0
             table = (key, longest, [layer.attn.position_keys(r) for layer in self.layers])
             self._position_table = table
         _, longest, keys = table
@@ -427,11 +487,15 @@ class TransformerXL(
         memory: KVMemory | None = None,
         output_attentions: bool = False,
         mem_len: int | None = None,
+        targets: Tensor | None = None,
+        last_only: bool = False,
     ) -> CachedOutput:
         """The forward pass for generation: the memory is kept as keys and values.
 
         Same logits as ``forward`` with the equivalent hidden-state memory; ``memory`` is
         advanced in place (a new one is made when None). Inference only (eval mode).
+        last_only: logits of the last position only (all that sampling needs; a 64-token
+        prompt segment over 267k words would otherwise make 17M scores).
         """
         if self.training:
             raise RuntimeError("forward_cached is for inference: call model.eval() first")
@@ -448,7 +512,9 @@ class TransformerXL(
         memory_kv = [memory.extend(layer) for layer in range(cfg.n_layer)]
         h, _, attentions = self._layers(h, memory_kv, r_k, mask, output_attentions)
         memory.commit(T, mem_len)
-        return CachedOutput(self.lm_head(h), memory, attentions)
+        return CachedOutput(
+            memory=memory, attentions=attentions, **self._head(h, targets, last_only)
+        )
 
     # ---- loading: strict, with errors that name the file --------------------------------
 
@@ -463,12 +529,19 @@ class TransformerXL(
         local_files_only: bool = False,
         token: str | bool | None = None,
         map_location: str = "cpu",
+        dtype: torch.dtype | None = None,
     ) -> TransformerXL:
         """Load config.json + model.safetensors from a folder or a Hub repo id.
 
+        A transformers TransfoXL checkpoint (``model_type: transfo-xl``, such as the
+        paper's ``transfo-xl/transfo-xl-wt103``) is recognised by its config.json,
+        converted on the fly with its word vocabulary (read without running pickles) and,
+        when it came from the Hub, kept converted under $TXL_CACHE for the next load.
+
         Strict: weights that do not match the config are an error. Every failure is a
-        TXLLoadError naming the source, the file and the cause. Returns the model in
-        eval mode. (Only safetensors are read: no pickle, no torch.load.)
+        TXLLoadError naming the source, the file and the cause. ``dtype`` (e.g.
+        torch.bfloat16, half the memory) converts the loaded weights. Returns the model in
+        eval mode. (Weights are read from safetensors only: no torch.load.)
         """
         source = str(pretrained_model_name_or_path)
         hub = dict(
@@ -478,14 +551,35 @@ class TransformerXL(
             token=token,
         )
         config_file = fetch_file(source, CONFIG_NAME, revision, **hub)
-        weights_file = fetch_file(source, WEIGHTS_NAME, revision, **hub)
+        data = _read_config_json(source, config_file)
+        if is_transfo_xl_config(data):
+            model = cls._from_transfo_xl(source, data, config_file, revision, hub)
+        else:
+            model = cls._from_txl(source, data, fetch_file(source, WEIGHTS_NAME, revision, **hub))
+        return model.to(device=map_location, dtype=dtype).eval()
+
+    @staticmethod
+    def load_config(source: str, revision: str | None = None, **hub) -> TXLConfig:
+        """The TXLConfig of a folder or Hub repo, from config.json alone (to check a model
+        before downloading its weights). A transformers TransfoXL config is converted; its
+        vocabulary is not read (``vocab`` is None, ``vocab_size`` is right)."""
+        data = _read_config_json(source, fetch_file(source, CONFIG_NAME, revision, **hub))
         try:
-            config = TXLConfig.load(config_file)
-            model = cls(config)  # torch / the tokenizer check the values' kinds
-        except (ValueError, TypeError) as e:  # includes json.JSONDecodeError
+            if is_transfo_xl_config(data):
+                return txl_config_from_hf(data)
+            return TXLConfig.from_dict(data)
+        except (ValueError, TypeError) as e:  # includes UnsupportedCheckpoint
+            raise TXLLoadError(f"{source}: {CONFIG_NAME} is not a valid txl config: {e}") from None
+
+    @classmethod
+    def _from_txl(cls, source: str, data: dict, weights_file: Path) -> TransformerXL:
+        """A model from our own config (as a dict) and model.safetensors."""
+        try:
+            model = cls(TXLConfig.from_dict(data))  # torch / the tokenizer check the values
+        except (ValueError, TypeError) as e:
             raise TXLLoadError(f"{source}: {CONFIG_NAME} is not a valid txl config: {e}") from None
         try:
-            load_model(model, str(weights_file), strict=True, device=map_location)
+            load_model(model, str(weights_file), strict=True)
         except SafetensorError as e:
             raise TXLLoadError(
                 f"{source}: {WEIGHTS_NAME} is damaged or not safetensors: {e}"
@@ -494,4 +588,54 @@ class TransformerXL(
             raise TXLLoadError(
                 f"{source}: {WEIGHTS_NAME} does not match {CONFIG_NAME}: {str(e)[:600]}"
             ) from None
-        return model.eval()
+        return model
+
+    @classmethod
+    def _from_transfo_xl(
+        cls, source: str, hf_config: dict, config_file: Path, revision, hub: dict
+    ) -> TransformerXL:
+        """Convert a transformers TransfoXL checkpoint (config, weights, vocabulary); a Hub
+        download is converted once per commit and then read from the converted cache."""
+        commit = snapshot_commit(Path(config_file))
+        cache = converted_cache_dir(source, commit) if commit else None
+        if cache is not None and (cache / WEIGHTS_NAME).is_file() and not hub["force_download"]:
+            return cls.from_pretrained(cache)
+        weights_file = fetch_file(source, WEIGHTS_NAME, revision, **hub)
+        found = {
+            name: fetch_file(source, name, revision, optional=True, **hub) for name in VOCAB_FILES
+        }
+        vocab_files = {name: path for name, path in found.items() if path is not None}
+        try:
+            vocab = load_word_vocab(vocab_files) if vocab_files else None
+            config, state = map_state(hf_config, load_file(weights_file), vocab)
+        except SafetensorError as e:
+            raise TXLLoadError(
+                f"{source}: {WEIGHTS_NAME} is damaged or not safetensors: {e}"
+            ) from None
+        except (ValueError, OSError) as e:  # UnsupportedCheckpoint, UnsafePickleError, ...
+            raise TXLLoadError(f"{source}: cannot convert this TransfoXL checkpoint: {e}") from None
+        model = cls(config)
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise TXLLoadError(
+                f"{source}: {WEIGHTS_NAME} does not match {CONFIG_NAME}: {str(e)[:600]}"
+            ) from None
+        if cache is not None:  # written aside, then renamed: a reader never sees half of it
+            partial = cache.with_name(f"{cache.name}.partial-{os.getpid()}")
+            model.save_pretrained(partial)
+            try:
+                partial.rename(cache)
+            except OSError:  # another process converted it first
+                shutil.rmtree(partial, ignore_errors=True)
+        return model
+
+
+def _read_config_json(source: str, path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    except (ValueError, UnicodeDecodeError) as e:  # includes json.JSONDecodeError
+        raise TXLLoadError(f"{source}: {CONFIG_NAME} is not a valid txl config: {e}") from None
+    return data

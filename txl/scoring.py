@@ -7,7 +7,6 @@ One function serves both ``python -m txl.evaluate`` (the validation loss) and
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -43,10 +42,11 @@ def stream_nll(
         b = min(a + seg_len, n_pred)
         inputs = streams[:, a:b].to(device)
         targets = streams[:, a + 1 : b + 1].to(device)
-        out = model.forward_cached(inputs, memory if mem_len > 0 else None, mem_len=mem_len)
+        out = model.forward_cached(
+            inputs, memory if mem_len > 0 else None, mem_len=mem_len, targets=targets
+        )
         memory = out.memory
-        nll = F.cross_entropy(out.logits.float().transpose(1, 2), targets, reduction="none")
-        losses.append(nll.cpu())
+        losses.append(out.nll.float().cpu())
     model.train(was_training)
     return torch.cat(losses, dim=1) if losses else torch.zeros(streams.size(0), 0)
 

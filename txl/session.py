@@ -1,4 +1,4 @@
-"""A generation session: text in, one sampled character at a time out, memory on show.
+"""A generation session: text in, one sampled token at a time out, memory on show.
 
     model = TransformerXL.from_pretrained("weights/shakespeare-char")
     s = Session(model, temperature=0.8, seed=0)
@@ -21,8 +21,12 @@ the attention it captures is the attention of the token just generated.
 
 Beyond the contract: ``s.kv`` (the KVMemory, None when memory is off), ``s.next_logits``
 (the pending scores), ``s.set_seg_len(n)``, ``s.encode(text)``, ``s.unknown_mode``
-("replace" or "ignore") and ``s.start_id`` (the token an empty prompt starts from).
+("replace" or "ignore"), ``s.start_id`` (the token an empty prompt starts from) and
+``s.pieces`` (the text of each token, indexable by token position).
 ``s.memory``, ``s.mem_len`` and ``s.seg_len`` are read-only: change them with the setters.
+
+Tokens are characters for a character model and words for a word model (the WikiText-103
+Transformer-XL); "char" in the traces below means the token's text either way.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ LN2 = math.log(2)
 @dataclass
 class StepTrace:
     token_id: int
-    char: str  # decoded new token
+    char: str  # the new token's text (a character, or a word with its leading space)
     position: int  # index of the new token in s.ids / s.text
     attentions: np.ndarray | None  # [n_layer, n_head, K] float32: the new token's attention
     key_positions: np.ndarray  # [K] int64: text position of each key (ascending)
@@ -112,6 +116,19 @@ def check_seed(value) -> int:
     return value
 
 
+def memory_bytes_per_position(model: TransformerXL) -> int:
+    """Bytes one position of a session's memory takes: a key and a value per layer."""
+    c = model.config
+    return 2 * c.n_layer * c.n_head * c.d_head * next(model.parameters()).element_size()
+
+
+def memory_cap(model: TransformerXL, budget_bytes: int) -> int:
+    """The most memory positions one session may keep within budget_bytes, counting the
+    KV buffers' 25 % spare room. (The WikiText-103 model's memory of 1,600 positions takes
+    236 MB in float32, 118 MB in bfloat16.)"""
+    return int(budget_bytes / (1.25 * memory_bytes_per_position(model)))
+
+
 class Session:
     """Prompt + generated text, the model's memory of it, and the sampling settings.
 
@@ -132,7 +149,7 @@ class Session:
         seed: int = 0,
     ):
         if model.tokenizer is None:
-            raise ValueError("a Session needs a character model (config.vocab is missing)")
+            raise ValueError("a Session needs a model with a vocabulary (config.vocab is missing)")
         cfg = model.config
         # Validate everything first: a bad setting leaves no half-built session behind.
         mem_len = _as_int("mem_len", cfg.mem_len if mem_len is None else mem_len, 0)
@@ -145,8 +162,8 @@ class Session:
         self.device = next(model.parameters()).device
         # Unknown characters: replaced by the tokenizer's symbol when it has one, else dropped.
         self.unknown_mode = "replace" if self.tokenizer.unk_symbol is not None else "ignore"
-        # An empty prompt starts from a newline (a fresh line of text), else from token 0.
-        self.start_id = self.tokenizer.stoi.get("\n", 0)
+        # An empty prompt starts from a fresh line (a newline, or <eos> for words).
+        self.start_id = self.tokenizer.start_id
 
         self._memory_on, self._mem_len, self._seg_len = bool(memory), mem_len, seg_len
         self._temperature, self._top_k, self._top_p = temperature, top_k, top_p
@@ -191,6 +208,12 @@ class Session:
     @top_p.setter
     def top_p(self, value) -> None:
         self._top_p = check_top_p(value)
+
+    @property
+    def pieces(self) -> str | list[str]:
+        """The text of each token, indexed by token position: for a character model the
+        text itself, for a word model a list (a word's piece carries its leading space)."""
+        return self.text if self.tokenizer.unit == "character" else self._pieces
 
     @property
     def next_logits(self) -> Tensor | None:
@@ -261,6 +284,7 @@ class Session:
         """Empty text and memory; the generator restarts from the seed."""
         self.ids: list[int] = []
         self.text = ""
+        self._pieces: list[str] = []
         self.prompt = ""
         self.kv: KVMemory | None = KVMemory() if self._memory_on else None
         self._n_fed = 0  # tokens fed through the KV memory: it covers the ones just before
@@ -293,7 +317,7 @@ class Session:
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
         """Token ids of text under the session's unknown-character rule, and the unknowns."""
-        unknown = self.tokenizer.unknown_chars(text)
+        unknown = self.tokenizer.unknown_symbols(text)
         return self.tokenizer.encode(text, errors=self.unknown_mode), unknown
 
     # ---- generation -----------------------------------------------------------------
@@ -325,7 +349,7 @@ class Session:
             attentions = torch.stack([a[0, :, -1] for a in attentions]).float().cpu().numpy()
         self.last_trace = StepTrace(
             token_id=token,
-            char=self.tokenizer.vocab[token],
+            char=self.pieces[position],
             position=position,
             attentions=attentions,
             key_positions=np.arange(first_key, position + 1, dtype=np.int64),
@@ -376,7 +400,7 @@ class Session:
             return bits.mean().item() if bits.numel() else float("nan")
 
         return ScoreResult(
-            chars=[self.tokenizer.vocab[i] for i in ids[1:]],
+            chars=self.tokenizer.pieces(ids)[1:],
             bits_with=with_memory.numpy(),
             bits_without=without.numpy(),
             bpc_with=mean(with_memory),
@@ -403,8 +427,12 @@ class Session:
         return 2 * len(self.kv.k) * B * H * len(self.kv) * Dh * self.kv.k[0].element_size()
 
     def _append(self, ids: list[int]) -> None:
+        previous = self.ids[-1] if self.ids else None
+        pieces = self.tokenizer.pieces(ids, previous)
         self.ids.extend(ids)
-        self.text += self.tokenizer.decode(ids)
+        self.text += "".join(pieces)
+        if self.tokenizer.unit != "character":
+            self._pieces.extend(pieces)
 
     def _feed_memory(self, ids: list[int]) -> None:
         """Feed ids (the tokens after the first _n_fed) through the KV memory, seg_len at a
@@ -418,7 +446,7 @@ class Session:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, T]
         keys = len(self.kv) + len(ids)  # what the last query attends over
         out = self.model.forward_cached(
-            x, self.kv, output_attentions=capture, mem_len=self._mem_len
+            x, self.kv, output_attentions=capture, mem_len=self._mem_len, last_only=True
         )
         self._n_fed += len(ids)
         self._logits = out.logits[0, -1]  # [vocab]
@@ -433,7 +461,9 @@ class Session:
         logits. mem_len = the window, so that same_length hides nothing inside it."""
         window = self.ids[-self._seg_len :]
         x = torch.tensor([window], dtype=torch.long, device=self.device)  # [1, W]
-        out = self.model.forward_cached(x, None, output_attentions=capture, mem_len=len(window))
+        out = self.model.forward_cached(
+            x, None, output_attentions=capture, mem_len=len(window), last_only=True
+        )
         self._logits = out.logits[0, -1]  # [vocab]
         self._context = len(window)
         return out.attentions

@@ -63,6 +63,12 @@ def visible_text(s: str) -> str:
     return "".join(visible_char(c) for c in s)
 
 
+def token_label(piece: str) -> str:
+    """A token's text as an axis label: a character made visible, a word without its
+    leading space."""
+    return visible_char(piece) if len(piece) == 1 else (piece.strip() or visible_text(piece))
+
+
 def text_roles(
     n_chars: int, first_key: int, memory_end: int, newest: int | None = None
 ) -> np.ndarray:
@@ -113,11 +119,15 @@ def _escape(s: str) -> str:
     )
 
 
-def text_html(text: str, roles: Sequence[str], memory: bool = True, max_chars: int = 6000) -> str:
+def text_html(
+    text: str | Sequence[str], roles: Sequence[str], memory: bool = True, max_chars: int = 6000
+) -> str:
     """The text as HTML, runs of equal role in one coloured <span>, with a legend.
 
-    Only the last ``max_chars`` characters are shown (the rest is counted). A newest
-    token that is a newline is drawn as ↵ so that it stays visible.
+    ``text`` has one entry per token: a string of characters, or the list of a word
+    model's pieces (``Session.pieces``). Only the last ``max_chars`` tokens are shown (the
+    rest is counted). A newest token that is a newline is drawn as ↵ so that it stays
+    visible.
     """
     if len(roles) != len(text):
         raise ValueError(f"{len(roles)} roles for {len(text)} characters")
@@ -132,7 +142,7 @@ def text_html(text: str, roles: Sequence[str], memory: bool = True, max_chars: i
         j = i + 1
         while j < len(text) and roles[j] == role:
             j += 1
-        chunk = text[i:j]
+        chunk = "".join(text[i:j])
         if role == NEWEST and chunk == "\n":
             chunk = "↵\n"
         elif role == NEWEST and chunk == " ":
@@ -242,17 +252,17 @@ def _layer_head_rows(
     return attentions[layer, head][None], [f"L{layer} head {head}"]
 
 
-def _key_label(text: str | None, pos: int) -> str:
+def _key_label(text: str | Sequence[str] | None, pos: int) -> str:
     if text is None or not 0 <= pos < len(text):
         return f"#{pos}"
-    return visible_char(text[pos])
+    return token_label(text[pos])
 
 
 def _snippet(text: str | None, a: int, b: int, limit: int = 24) -> str:
     """The characters of text positions [a, b), shortened in the middle when long."""
     if text is None:
         return f"#{a}–#{b - 1}"
-    s = visible_text(text[a:b])
+    s = visible_text("".join(text[a:b]))
     if len(s) > limit:
         s = s[: limit // 2 - 1] + "…" + s[-(limit // 2 - 1) :]
     return s
