@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pickle
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,19 @@ def test_the_app_loads_generates_and_shows_attention(hub_files, caches, monkeypa
     figure = json.loads(heatmap["plot"])
     assert figure["data"][0]["type"] == "heatmap"
     assert summary["n_keys"] >= 2
+
+
+def test_the_converter_takes_the_vocabulary_along(checkpoint, tmp_path):
+    """python -m txl.convert on the folder: a word model that loads with no pickle left."""
+    result = subprocess.run(
+        [sys.executable, "-m", "txl.convert", str(checkpoint / "model"), str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "vocab 65" in result.stdout
+    assert not list((tmp_path / "out").glob("*.pkl")) and not list((tmp_path / "out").glob("*.bin"))
+    model = TransformerXL.from_pretrained(tmp_path / "out")
+    assert model.config.vocab == WORDS and model.tokenizer.unit == "word"
+    ref = load_file(checkpoint / "reference.safetensors")
+    for ours, expected in reference_logprobs(model, ref):
+        assert (ours - expected).abs().max().item() <= 1e-5 + 2e-6 * expected.abs().max().item()
