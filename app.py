@@ -337,8 +337,9 @@ class TXLApp:
             and t.memory_tokens == info["tokens"]
         )
         roles = viz.roles_from_trace(n, t) if fresh else viz.roles_from_info(n, info)
-        html = viz.text_html(s.pieces, roles, memory=info["memory"])
-        status = viz.status_markdown(info, n, t.latency_ms if fresh else None)
+        unit = s.tokenizer.unit
+        html = viz.text_html(s.pieces, roles, memory=info["memory"], unit=unit)
+        status = viz.status_markdown(info, n, t.latency_ms if fresh else None, unit=unit)
         return s.text, html, status
 
     def attention_views(self, state: UserState, layer, head):
@@ -457,7 +458,7 @@ class TXLApp:
             result.bpc_without,
             seg_len=scorer.seg_len,
         )
-        summary = viz.score_markdown(result, scorer.seg_len, mem_len)
+        summary = viz.score_markdown(result, scorer.seg_len, mem_len, unit=scorer.tokenizer.unit)
         return fig, summary, state
 
     def load_model(self, source, state, progress=gr.Progress()):  # noqa: B008 (Gradio's way)

@@ -121,11 +121,11 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         """[N, d_model] -> [N, n_i] scores inside cluster i (the head: [N, b_1 + n_clusters]),
         in float32 at least (log-softmax over 200k words in bfloat16 would lose the tail)."""
         weight, bias, proj = self.cluster_params(i)
-        if i == 0 and self.n_clusters:
-            weight = torch.cat([weight, self.cluster_weight])
-            bias = torch.cat([bias, self.cluster_bias])
         x = h if proj is None else h @ proj  # Q_i^T h: [N, d_i]
         logits = F.linear(x, weight, bias)
+        if i == 0 and self.n_clusters:  # the head also scores each tail cluster
+            clusters = F.linear(x, self.cluster_weight, self.cluster_bias)
+            logits = torch.cat([logits, clusters], dim=-1)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def log_probs(self, h: Tensor) -> Tensor:

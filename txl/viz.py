@@ -120,7 +120,11 @@ def _escape(s: str) -> str:
 
 
 def text_html(
-    text: str | Sequence[str], roles: Sequence[str], memory: bool = True, max_chars: int = 6000
+    text: str | Sequence[str],
+    roles: Sequence[str],
+    memory: bool = True,
+    max_chars: int = 6000,
+    unit: str = "character",
 ) -> str:
     """The text as HTML, runs of equal role in one coloured <span>, with a legend.
 
@@ -135,7 +139,8 @@ def text_html(
     start = max(0, len(text) - max_chars)
     parts = []
     if start:
-        parts.append(f'<span style="{ROLE_STYLES[GONE]}">[… {start:,} earlier characters]\n</span>')
+        earlier = f"[… {start:,} earlier {unit}s]\n"
+        parts.append(f'<span style="{ROLE_STYLES[GONE]}">{earlier}</span>')
     i = start
     while i < len(text):
         role = roles[i]
@@ -186,7 +191,9 @@ def format_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def status_markdown(info: dict, n_chars: int, latency_ms: float | None = None) -> str:
+def status_markdown(
+    info: dict, n_chars: int, latency_ms: float | None = None, unit: str = "character"
+) -> str:
     """One line: memory on/off, tokens in memory, bytes, visible context, last latency."""
     if info["memory"]:
         memory = (
@@ -198,7 +205,7 @@ def status_markdown(info: dict, n_chars: int, latency_ms: float | None = None) -
     parts = [
         memory,
         f"the model sees **{info['context']}** previous tokens",
-        f"{n_chars:,} characters",
+        f"{n_chars:,} {unit}s",
     ]
     if latency_ms is not None:
         parts.append(f"last step {latency_ms:.1f} ms")
@@ -701,20 +708,21 @@ def surprisal_figure(
     )
 
 
-def score_markdown(result, seg_len: int, mem_len: int) -> str:
-    """A summary line of a ScoreResult."""
+def score_markdown(result, seg_len: int, mem_len: int, unit: str = "character") -> str:
+    """A summary line of a ScoreResult (unit: "character" or "word")."""
     n = len(result.chars)
     if n == 0:
-        return "Nothing to score: the text needs at least two characters the model knows."
+        return f"Nothing to score: the text needs at least two {unit}s the model knows."
     gain = result.bpc_without - result.bpc_with
     verdict = "helps" if gain > 0 else "does not help here"
+    short = "bpc" if unit == "character" else f"bits/{unit}"
     text = (
-        f"**{n:,} characters** scored in segments of {seg_len}. "
-        f"With memory ({mem_len} tokens): **{result.bpc_with:.3f} bits per character**; "
-        f"without: **{result.bpc_without:.3f}**. Memory {verdict} ({gain:+.3f} bpc)."
+        f"**{n:,} {unit}s** scored in segments of {seg_len}. "
+        f"With memory ({mem_len} tokens): **{result.bpc_with:.3f} bits per {unit}**; "
+        f"without: **{result.bpc_without:.3f}**. Memory {verdict} ({gain:+.3f} {short})."
     )
     if result.dropped:
-        text += " Characters outside the vocabulary: " + ", ".join(
+        text += f" {unit.title()}s outside the vocabulary: " + ", ".join(
             repr(c) for c in result.dropped[:10]
         )
     return text
