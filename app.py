@@ -25,12 +25,18 @@ import os
 # Before gradio / huggingface_hub are imported: no analytics, no telemetry.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# Gradio recomputes a pandas summary of its last 10,000 events after every event, for its
+# monitoring page: 20 ms of CPU per event once that many ran (a Step costs less). Every
+# 100 events is plenty.
+os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 
+import ctypes  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import weakref  # noqa: E402
 from collections import OrderedDict  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -56,6 +62,8 @@ MAX_NEW_TOKENS = 500  # per Generate call
 MAX_MEM_LEN = 2048
 MAX_PROMPT_CHARS = 20_000
 MAX_SCORE_CHARS = 20_000
+MAX_TEXT_CHARS = 100_000  # a session's text: Continue and Step stop here (Reset starts over)
+MAX_SOURCE_CHARS = 256  # the Load box: a Hub id is at most 96 + 1 + 96 characters
 MODEL_CACHE_SIZE = 3  # models kept loaded besides those that live sessions still use
 STREAM_EVERY_S = 0.08  # Generate sends the text at most this often
 HEATMAP_COLUMNS = 160  # more keys than this are summed into buckets (mem_len 128 + 1 fits)
@@ -83,11 +91,14 @@ def resolve_source(source: str | None) -> str:
     source = (source or "").strip() or BUNDLED_MODEL
     if source.rstrip("/") == BUNDLED_MODEL:  # never looked up on the Hub, even when missing
         return str(ROOT / BUNDLED_MODEL)
-    local = Path(source).expanduser()
-    if local.is_dir():
-        return str(local.resolve())
-    if not source.startswith((".", "/", "~")) and (ROOT / source).is_dir():
-        return str((ROOT / source).resolve())
+    try:  # a name too long for the file system (ENAMETOOLONG) is no folder
+        local = Path(source).expanduser()
+        if local.is_dir():
+            return str(local.resolve())
+        if not source.startswith((".", "/", "~")) and (ROOT / source).is_dir():
+            return str((ROOT / source).resolve())
+    except (OSError, RuntimeError, ValueError):  # also ~nosuchuser, NUL in a path
+        pass
     return source
 
 
@@ -176,27 +187,110 @@ def model_markdown(source: str, model: TransformerXL, mem_cap: int) -> str:
 # ---- one browser session's state -----------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: Sessions holds them in a WeakSet
 class UserState:
     """What one browser session owns: its Session (text + memory) and which model."""
 
     source: str
     session: Session
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    last_used: float = field(default_factory=time.monotonic, repr=False)
+    expired: bool = False  # released by Sessions: its text and memory are gone
 
     @property
     def model(self) -> TransformerXL:
         return self.session.model
 
 
-def release_state(state: UserState | None) -> None:
-    """delete_callback of the gr.State (the session expired or was evicted): free its
-    text and memory now rather than whenever the garbage collector gets to them."""
-    if state is not None and state.lock.acquire(timeout=1.0):
+try:  # glibc: hand freed heap pages back to the OS
+    _malloc_trim = ctypes.CDLL(None).malloc_trim
+except (AttributeError, OSError):  # musl, macOS, Windows: nothing to do
+    _malloc_trim = None
+
+
+def trim_memory() -> None:
+    """glibc keeps the memory that Python and torch free in its arenas, so a server's RSS
+    stays at its peak after the sessions that made it are gone; malloc_trim returns it
+    (measured after 200 sessions expired: +42 % without, +2 % with; tests/test_concurrency)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+class Sessions:
+    """Every UserState of the app, held weakly, and what frees them.
+
+    Gradio drops a state ``time_to_live`` seconds after it was last stored (calling
+    delete_callback), drops the states beyond ``state_session_capacity`` without calling
+    it, and is written to keep a closed tab's state for an hour whatever the time_to_live
+    (with Starlette 1.x it does not notice the close). So a sweep every second frees the
+    text and memory of every session idle for ``ttl`` seconds itself, and hands the freed
+    memory back to the OS whenever a session was released or dropped.
+    """
+
+    def __init__(self, ttl: float, every: float = 1.0):
+        self.ttl, self.every = ttl, every
+        self._states: weakref.WeakSet[UserState] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._count = 0  # states alive at the last sweep: fewer now means some were dropped
+        self._freed = False
+        self._thread: threading.Thread | None = None
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def add(self, state: UserState) -> UserState:
+        with self._lock:
+            self._states.add(state)
+            self._count += 1
+            if self._thread is None:  # the first session starts the sweeps
+                self._thread = threading.Thread(
+                    target=_sweep_forever, args=(weakref.ref(self),), daemon=True
+                )
+                self._thread.start()
+        return state
+
+    def release(self, state: UserState | None, idle: float | None = None) -> bool:
+        """Free a session's text and memory (Gradio's delete_callback; the sweep, which
+        passes ``idle``: only if still idle that long). A session busy with a request is
+        in use: it is left alone, and so is the event loop that calls delete_callback."""
+        if state is None or state.expired or not state.lock.acquire(blocking=False):
+            return False
         try:
+            if idle is not None and time.monotonic() - state.last_used <= idle:
+                return False
             state.session.reset()
+            state.expired = self._freed = True
+            return True
         finally:
             state.lock.release()
+
+    def sweep(self) -> int:
+        """Release the sessions idle for ttl seconds; trim the heap if anything went."""
+        now = time.monotonic()
+        with self._lock:
+            states = list(self._states)
+        released = sum(
+            self.release(s, idle=self.ttl)
+            for s in states
+            if not s.expired and now - s.last_used > self.ttl
+        )
+        del states
+        with self._lock:
+            dropped, self._count = len(self._states) < self._count, len(self._states)
+        if self._freed or dropped:
+            self._freed = False
+            trim_memory()
+        return released
+
+
+def _sweep_forever(ref: weakref.ref) -> None:
+    """Sweep every ``every`` seconds for as long as the Sessions object lives."""
+    while (sessions := ref()) is not None:
+        every = sessions.every
+        del sessions  # not kept alive by this thread while it sleeps
+        time.sleep(every)
+        if (sessions := ref()) is not None:
+            sessions.sweep()
 
 
 @contextmanager
@@ -210,6 +304,7 @@ def user_errors(state: UserState | None = None, timeout: float = 30.0):
         raise gr.Error(str(e)) from None
     finally:
         if state is not None:
+            state.last_used = time.monotonic()
             state.lock.release()
 
 
@@ -234,6 +329,45 @@ def parse_choice(value, prefix: str, limit: int) -> int | None:
     return index if index < limit else None
 
 
+def name_input_errors(components) -> None:
+    """Gradio checks a Slider's or a Number's range before the handler runs, with a message
+    that does not say which setting ("Value 5 is greater than maximum value 2."), and a
+    string, a null or a NaN sent through the API fails there with no message at all. Wrap
+    the preprocessing of these inputs ((API name, component) pairs) so that every refusal
+    says which parameter and why; a Checkbox takes true or false only."""
+    for name, component in components:
+        if isinstance(component, (gr.Slider, gr.Number)):
+            integer = getattr(component, "precision", None) == 0  # gradio would round it
+            component.preprocess = _named_number(name, component.preprocess, integer)
+        elif isinstance(component, gr.Checkbox):
+            component.preprocess = _strict_bool(name, component.preprocess)
+
+
+def _named_number(name: str, preprocess, integer: bool = False):
+    def checked(payload):
+        if isinstance(payload, bool) or not isinstance(payload, (int, float)):
+            raise gr.Error(f"{name} must be a number, got {payload!r:.60}")
+        if integer and isinstance(payload, float) and not payload.is_integer():  # 2.5, NaN
+            raise gr.Error(f"{name} must be an integer, got {payload}")
+        try:
+            return preprocess(payload)
+        except gr.Error as e:
+            raise gr.Error(f"{name}: {e.message}") from None
+        except (ValueError, OverflowError):  # NaN or infinity rounded to an integer
+            raise gr.Error(f"{name} must be a finite number, got {payload}") from None
+
+    return checked
+
+
+def _strict_bool(name: str, preprocess):
+    def checked(payload):
+        if not isinstance(payload, bool):
+            raise gr.Error(f"{name} must be true or false, got {payload!r:.60}")
+        return preprocess(payload)
+
+    return checked
+
+
 # ---- the app -------------------------------------------------------------------------
 
 
@@ -256,6 +390,8 @@ class TXLApp:
         if Path(self.default_source).is_absolute():
             self.model_dirs.append(Path(self.default_source))
         self.export_dir = Path(tempfile.mkdtemp(prefix="txl-export-"))
+        self.sessions = Sessions(env_int("TXL_SESSION_TTL", 3600))
+        self.load_notice = None  # why the app serves the bundled model instead of TXL_MODEL
         try:  # load it now, so that the first visitor does not wait
             self.default_model = self.cache.get(self.default_source)
             self.load_error = None
@@ -266,6 +402,15 @@ class TXLApp:
                     f"the bundled model {BUNDLED_MODEL} is missing or incomplete ({e}); train "
                     "it, or set TXL_MODEL to another folder or a Hub repo id"
                 )
+            else:  # serve the bundled model rather than nothing, and say why
+                try:
+                    self.default_model = self.cache.get(BUNDLED_MODEL)
+                except TXLLoadError:
+                    pass
+                else:
+                    self.default_source = str(ROOT / BUNDLED_MODEL)
+                    self.load_notice = f"{e}: serving the bundled model instead"
+                    self.load_error = None
 
     # -- state and settings --
 
@@ -280,12 +425,30 @@ class TXLApp:
         return UserState(source=source, session=Session(model, mem_len=mem_len))
 
     def ensure(self, state: UserState | None) -> UserState:
-        """The caller's state, created on first use with the default model."""
+        """The caller's state, created on first use with the default model (and again
+        when Sessions freed it after TXL_SESSION_TTL idle seconds)."""
+        if state is not None and state.expired:
+            gr.Warning(
+                f"This session was idle for more than {self.sessions.ttl:g} s and its text "
+                "was cleared: starting again."
+            )
+            state = None
         if state is not None:
+            state.last_used = time.monotonic()
             return state
         if self.default_model is None:
             raise gr.Error(f"No model is loaded ({self.load_error}). Load one above.")
-        return self.new_state(self.default_source, self.default_model)
+        return self.sessions.add(self.new_state(self.default_source, self.default_model))
+
+    @staticmethod
+    def check_room(s: Session) -> None:
+        """Continue and Step stop at MAX_TEXT_CHARS: the text is sent whole with every
+        answer, and kept in memory for the session's life."""
+        if len(s.text) >= MAX_TEXT_CHARS:
+            raise ValueError(
+                f"the text is {len(s.text):,} characters, the most one session holds "
+                f"({MAX_TEXT_CHARS:,}): Reset, or Generate to start over from the prompt"
+            )
 
     def apply_settings(self, s: Session, memory, mem_len, temperature, top_k, top_p, seed):
         """Validate every setting first, then apply (memory rebuilds only on a change)."""
@@ -389,6 +552,7 @@ class TXLApp:
             self.apply_settings(s, memory, mem_len, temperature, top_k, top_p, seed)
             if fresh or not s.ids or s.prompt != (prompt or ""):
                 self.start(s, prompt)
+            self.check_room(s)
             last = time.perf_counter()
             for i, _ in enumerate(s.generate(n)):
                 if i < n - 1 and time.perf_counter() - last > STREAM_EVERY_S:
@@ -426,6 +590,7 @@ class TXLApp:
             self.apply_settings(s, memory, mem_len, temperature, top_k, top_p, seed)
             if not s.ids or s.prompt != (prompt or ""):
                 self.start(s, prompt)
+            self.check_room(s)
             s.step()
             return self.all_views(state, layer, head, started)
 
@@ -467,6 +632,12 @@ class TXLApp:
         source = (source or "").strip()
         if not source:
             raise gr.Error("Type a folder or a Hub repo id like 'org/name'.")
+        if len(source) > MAX_SOURCE_CHARS:
+            raise gr.Error(
+                f"Could not load the model, keeping the current one. The source is "
+                f"{len(source):,} characters: a Hub repo id is 'org/name' (at most 96 "
+                f"characters each) and a folder path at most {MAX_SOURCE_CHARS}."
+            )
         progress(0.0, desc=f"loading {source}")
         try:
             if not allowed_folder(resolve_source(source), self.model_dirs):
@@ -477,13 +648,16 @@ class TXLApp:
             model = self.cache.get(source, progress)
         except TXLLoadError as e:
             raise gr.Error(f"Could not load the model, keeping the current one. {e}") from None
-        old = state.session if state is not None else None
-        state = self.new_state(resolve_source(source), model)
-        if old is not None:  # keep the sampling settings; the memory length is the model's
-            s = state.session
-            s.temperature, s.top_k, s.top_p = old.temperature, old.top_k, old.top_p
-            s.set_seed(old.seed)
-            s.set_memory(old.memory)
+        new = self.new_state(resolve_source(source), model)
+        if state is None or state.expired:
+            state = self.sessions.add(new)
+        else:  # the same UserState, so that a Generate still running cannot bring back
+            with user_errors(state):  # the old model when it ends; settings are kept
+                old, s = state.session, new.session
+                s.temperature, s.top_k, s.top_p = old.temperature, old.top_k, old.top_p
+                s.set_seed(old.seed)
+                s.set_memory(old.memory)
+                state.source, state.session = new.source, s
         progress(1.0, desc="ready")
         c = model.config
         return (
@@ -530,9 +704,9 @@ class TXLApp:
 
     def build(self) -> gr.Blocks:
         """The page: a header, the "Watch the memory" tab, the "Does memory help?" tab."""
-        ttl = env_int("TXL_SESSION_TTL", 3600)
+        ttl = self.sessions.ttl
         with gr.Blocks(title="Transformer-XL memory", delete_cache=(600, 3600)) as demo:
-            state = gr.State(None, time_to_live=ttl, delete_callback=release_state)
+            state = gr.State(None, time_to_live=ttl, delete_callback=self.sessions.release)
             gr.Markdown(HEADER, elem_id="header")
             with gr.Tabs():
                 with gr.Tab("Watch the memory", id="watch"):
@@ -540,6 +714,8 @@ class TXLApp:
                 with gr.Tab("Does memory help?", id="score"):
                     ui.update(self.score_tab())
             self.wire(ui, state)
+            api_names = {"score_mem": "mem_len"}  # the score tab's slider
+            name_input_errors((api_names.get(k, k), c) for k, c in ui.items())
         return demo
 
     def watch_tab(self) -> dict:
@@ -553,7 +729,10 @@ class TXLApp:
                 shown, label="Model: a folder or a Hub repo id", scale=4, elem_id="source"
             )
             ui["load"] = gr.Button("Load", scale=1, min_width=90, elem_id="load")
-        ui["model_info"] = gr.Markdown(self.model_info(), label="model", elem_id="model-info")
+        notice = f"\n\n⚠️ {self.load_notice}" if self.load_notice else ""
+        ui["model_info"] = gr.Markdown(
+            self.model_info() + notice, label="model", elem_id="model-info"
+        )
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=5, min_width=340, elem_id="left"):
                 ui["prompt"] = gr.Textbox(
@@ -878,8 +1057,9 @@ def main() -> None:
     # small to split (two threads on busy cores made a step 20x slower in benchmarks).
     torch.set_num_threads(env_int("TXL_TORCH_THREADS", 1))
     app = TXLApp()
-    if app.load_error:
-        print(f"warning: {app.load_error}")
+    for problem in (app.load_error, app.load_notice):
+        if problem:
+            print(f"warning: {problem}")
     launch(app.build())
 
 

@@ -10,11 +10,14 @@ browser gets them. Reported per Step:
     python benchmarks/bench_app.py                         # 16 sessions x 40 steps
     python benchmarks/bench_app.py --clients 2 --steps 5   # a smoke run
     python benchmarks/bench_app.py --url http://127.0.0.1:7860/   # an app already running
+    python benchmarks/bench_app.py --model tiny --steps 30 --check  # tests/test_concurrency.py
 
 Without --url the app is started as a subprocess (python app.py) on a free port, with
 --model (default: weights/shakespeare-char when present, else a random model of the same
-shape made in a temporary folder). Each session first generates --fill characters so that
-its memory is full (mem_len keys per Step).
+shape made in a temporary folder; ``tiny``: the 2-layer random model of the tests). Each
+session has its own prompt and seed, and first generates --fill characters so that its
+memory is full (mem_len keys per Step). --check first runs every session alone, one after
+the other, and then checks that each session's text under load is the same (no cross-talk).
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "weights" / "shakespeare-char"
 GOAL_P95_MS = 150.0
+NAMES = [
+    "ROMEO", "JULIET", "MERCUTIO", "TYBALT", "NURSE", "FRIAR", "CAPULET", "BENVOLIO",
+    "PARIS", "PRINCE", "SAMPSON", "GREGORY", "ABRAHAM", "BALTHASAR", "PETER", "MONTAGUE",
+]  # fmt: skip
+VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
+TINY = dict(d_model=32, n_layer=2, n_head=2, d_head=8, d_inner=64, tgt_len=16, mem_len=32)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -48,18 +57,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def random_model(folder: Path) -> str:
-    """A random model with the shape of configs/shakespeare-char.json."""
+def random_model(folder: Path, shape: dict | None = None) -> str:
+    """A random model with the shape of configs/shakespeare-char.json (or ``shape``)."""
     sys.path.insert(0, str(ROOT))
     import torch
 
     from txl import TransformerXL, TXLConfig
 
-    shape = json.loads((ROOT / "configs" / "shakespeare-char.json").read_text())
+    if shape is None:
+        shape = json.loads((ROOT / "configs" / "shakespeare-char.json").read_text())
     keys = ("d_model", "n_layer", "n_head", "d_head", "d_inner", "tgt_len", "mem_len")
-    vocab = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
     torch.manual_seed(0)
-    TransformerXL(TXLConfig(vocab=vocab, **{k: shape[k] for k in keys})).save_pretrained(folder)
+    config = TXLConfig(vocab=VOCAB, dropout=0.0, **{k: shape[k] for k in keys})
+    TransformerXL(config).save_pretrained(folder)
     return str(folder)
 
 
@@ -98,21 +108,38 @@ def start_app(model: str, concurrency: int | None) -> tuple[subprocess.Popen, st
     raise RuntimeError("the app did not start within 120 s")
 
 
-def run_session(url: str, steps: int, fill: int, seed: int, results: dict, barrier) -> None:
+def run_session(
+    url: str, steps: int, fill: int, seed: int, results: dict, barrier, texts: dict
+) -> None:
+    """Session `seed`: its own prompt and seed; Generate `fill` characters, then Step."""
     from gradio_client import Client
 
-    client = Client(url, verbose=False, analytics_enabled=False, download_files=False)
+    # ssl_verify=False: gradio_client otherwise builds an SSL context (reads the CA bundle)
+    # for every request: 4x the CPU of the app's own work, on the same cores.
+    client = Client(
+        url, verbose=False, analytics_enabled=False, download_files=False, ssl_verify=False
+    )
+    prompt = f"{NAMES[seed % len(NAMES)]}:\n"
     settings = dict(memory=True, temperature=0.8, top_k=0, top_p=1.0, seed=seed)
-    client.predict(prompt="ROMEO:\n", n_tokens=fill, **settings, api_name="/generate")
-    barrier.wait()
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        out = client.predict(prompt="ROMEO:\n", **settings, api_name="/step")
-        results["round_trip"].append((time.perf_counter() - t0) * 1e3)
-        summary = out[5]
-        results["server"].append(summary["handler_ms"])
-        results["model"].append(summary["latency_ms"])
-        results["keys"].append(summary["n_keys"])
+    try:
+        seen = [client.predict(prompt=prompt, n_tokens=fill, **settings, api_name="/generate")[0]]
+        if barrier is not None:
+            barrier.wait()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            out = client.predict(prompt=prompt, **settings, api_name="/step")
+            results["round_trip"].append((time.perf_counter() - t0) * 1e3)
+            summary = out[5]
+            results["server"].append(summary["handler_ms"])
+            results["model"].append(summary["latency_ms"])
+            results["keys"].append(summary["n_keys"])
+            seen.append(out[0])
+        texts[seed] = seen
+    finally:
+        client.close()
+
+
+RESULTS = ("server", "round_trip", "model", "keys")
 
 
 def main() -> None:
@@ -124,6 +151,11 @@ def main() -> None:
     parser.add_argument("--model", help="model folder or Hub id for the app started here")
     parser.add_argument("--concurrency", type=int, help="TXL_CONCURRENCY of the app started here")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run every session alone first; check each is the same under load",
+    )
     args = parser.parse_args()
 
     proc, tmp = None, None
@@ -132,18 +164,26 @@ def main() -> None:
         model = args.model
         if model is None and (BUNDLED / "model.safetensors").exists():
             model = str(BUNDLED)
-        if model is None:
+        if model is None or model == "tiny":
             tmp = tempfile.TemporaryDirectory(prefix="txl-bench-")
-            model = random_model(Path(tmp.name) / "random")
-            print(f"no trained weights: a random model of the same shape ({model})")
+            if model == "tiny":
+                model = random_model(Path(tmp.name) / "tiny", TINY)
+            else:
+                model = random_model(Path(tmp.name) / "random")
+                print(f"no trained weights: a random model of the same shape ({model})")
         proc, url = start_app(model, args.concurrency)
         print(f"app started at {url} with {model}")
     try:
-        results = {"server": [], "round_trip": [], "model": [], "keys": []}
+        alone: dict[int, list[str]] = {}
+        if args.check:  # every session by itself first: the texts to expect under load
+            for i in range(args.clients):
+                run_session(url, args.steps, args.fill, i, {k: [] for k in RESULTS}, None, alone)
+        results = {k: [] for k in RESULTS}
+        texts: dict[int, list[str]] = {}
         barrier = threading.Barrier(args.clients)
         threads = [
             threading.Thread(
-                target=run_session, args=(url, args.steps, args.fill, i, results, barrier)
+                target=run_session, args=(url, args.steps, args.fill, i, results, barrier, texts)
             )
             for i in range(args.clients)
         ]
@@ -192,6 +232,12 @@ def main() -> None:
         )
     ok = report["server"]["p95_ms"] <= GOAL_P95_MS
     print(f"  goal: server p95 <= {GOAL_P95_MS:.0f} ms: {'met' if ok else 'NOT met'}")
+    if args.check:
+        same = sum(texts.get(i) == alone.get(i) for i in range(args.clients))
+        report["sessions_identical_to_alone"] = same
+        print(f"  isolation: {same}/{args.clients} sessions identical to the same session alone")
+        if same != args.clients:
+            raise SystemExit("cross-talk: a session's text changed under load")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 

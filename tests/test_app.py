@@ -241,7 +241,9 @@ def test_load_model_affects_only_this_session(server, tmp_path):
     assert txl_app.cache.get(other) is txl_app.cache.get(other)  # loaded once, shared
 
 
-def test_a_missing_default_model_is_an_error_not_a_crash(tmp_path):
+def test_a_missing_default_model_is_an_error_not_a_crash(tmp_path, monkeypatch):
+    # (with the bundled model there, the app falls back to it: tests/test_robustness.py)
+    monkeypatch.setattr(app, "BUNDLED_MODEL", "weights/no-such-model")
     txl_app = app.TXLApp(str(tmp_path / "missing"))
     assert txl_app.default_model is None and "missing" in txl_app.load_error
     txl_app.build()  # the page still builds, and says why there is no model

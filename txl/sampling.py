@@ -36,5 +36,11 @@ def sample_next(
     if temperature <= 0:
         return logits.argmax(dim=-1)
     probs = filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    # A temperature so small (1e-40) that logits / temperature overflow to inf gives NaN
+    # probabilities: such a row gets the distribution's limit as temperature -> 0, the argmax.
+    overflow = ~torch.isfinite(probs).all(dim=-1, keepdim=True)
+    if overflow.any():
+        greedy = torch.nn.functional.one_hot(logits.argmax(dim=-1), probs.size(-1))
+        probs = torch.where(overflow, greedy.to(probs.dtype), probs)
     flat = probs.reshape(-1, probs.size(-1))
     return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
