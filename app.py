@@ -381,7 +381,7 @@ class TXLApp:
         model_dirs: list[str] | None = None,
     ):
         self.default_source = resolve_source(default_source or os.environ.get("TXL_MODEL"))
-        self.cache = cache or ModelCache(max_params=env_int("TXL_MAX_PARAMS", 200_000_000))
+        self.cache = cache or ModelCache(max_params=env_int("TXL_MAX_PARAMS", 400_000_000))
         # Folders the Load box may read models from: the app's own, the default model's,
         # and TXL_MODEL_DIRS (os.pathsep-separated). Anything else must be a Hub repo id.
         if model_dirs is None:
