@@ -420,9 +420,13 @@ class TXLApp:
         budget = float(os.environ.get("TXL_SESSION_MEMORY_MB") or 256) * 2**20
         return max(1, min(MAX_MEM_LEN, memory_cap(model, budget)))
 
+    def start_mem_len(self, model: TransformerXL) -> int:
+        """A new session's mem_len: the model's own, within the per-session cap."""
+        return min(model.config.mem_len, self.mem_cap(model))
+
     def new_state(self, source: str, model: TransformerXL) -> UserState:
-        mem_len = min(model.config.mem_len, self.mem_cap(model))
-        return UserState(source=source, session=Session(model, mem_len=mem_len))
+        session = Session(model, mem_len=self.start_mem_len(model))
+        return UserState(source=source, session=session)
 
     def ensure(self, state: UserState | None) -> UserState:
         """The caller's state, created on first use with the default model (and again
@@ -721,7 +725,7 @@ class TXLApp:
     def watch_tab(self) -> dict:
         """Model source, prompt and buttons, settings, the text (left), attention (right)."""
         c = self.default_model.config if self.default_model else TXLConfig(vocab=["a"])
-        mem_cap = self.mem_cap(self.default_model) if self.default_model else MAX_MEM_LEN
+        mem_len = self.start_mem_len(self.default_model) if self.default_model else c.mem_len
         ui = {}
         with gr.Row():
             shown = _display(self.default_source)
@@ -769,7 +773,7 @@ class TXLApp:
                         ui["mem_len"] = gr.Slider(
                             0,
                             MAX_MEM_LEN,
-                            value=min(c.mem_len, mem_cap),
+                            value=mem_len,
                             step=1,
                             label="mem_len",
                             elem_id="mem_len",
@@ -827,9 +831,7 @@ class TXLApp:
 
     def score_tab(self) -> dict:
         """A text, a Score button, the surprisal chart and the bpc with / without memory."""
-        model = self.default_model
-        mem_cap = self.mem_cap(model) if model else MAX_MEM_LEN
-        mem_len = min(model.config.mem_len, mem_cap) if model else 0
+        mem_len = self.start_mem_len(self.default_model) if self.default_model else 0
         ui = {}
         gr.Markdown(SCORE_HELP)
         with gr.Row():

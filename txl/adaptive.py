@@ -43,15 +43,9 @@ class AdaptiveEmbedding(nn.Module):
         super().__init__()
         self.bounds, dims = cfg.cluster_bounds, cfg.embed_dims
         self.d_model = cfg.d_model
-        if cfg.div_val == 1:  # one table for the whole vocabulary
-            sizes = [cfg.vocab_size]
-            has_proj = cfg.d_embed != cfg.d_model
-        else:
-            sizes = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
-            has_proj = True
-        self.layers = nn.ModuleList(nn.Embedding(n, d) for n, d in zip(sizes, dims))
+        self.layers = nn.ModuleList(nn.Embedding(n, d) for n, d in zip(cfg.table_sizes, dims))
         self.projs = nn.ParameterList(
-            nn.Parameter(torch.zeros(cfg.d_model, d)) for d in dims if has_proj
+            nn.Parameter(torch.zeros(cfg.d_model, d)) for d in dims if cfg.projected
         )  # P_i [d_model, d_i]
 
     def forward(self, ids: Tensor) -> Tensor:
@@ -85,19 +79,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         if self.n_clusters:
             self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, cfg.d_embed))
             self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
-        sizes = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
-        self.biases = nn.ParameterList(
-            nn.Parameter(torch.zeros(n)) for n in ([cfg.vocab_size] if cfg.div_val == 1 else sizes)
-        )
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(n)) for n in cfg.table_sizes)
         # Q_i: the embedding's projection where tied, else an own one (keys "0", "1", ...).
-        tie = cfg.tie_projs or [False] * (self.n_clusters + 1)
-        self.tied = [t and len(embedding.projs) > 0 for t in tie]
-        dims = cfg.embed_dims
         self.projs = nn.ParameterDict(
             {
-                str(i): nn.Parameter(torch.zeros(cfg.d_model, dims[0 if cfg.div_val == 1 else i]))
-                for i in range(self.n_clusters + 1)
-                if len(embedding.projs) and not self.tied[i]
+                str(i): nn.Parameter(torch.zeros(cfg.d_model, cfg.cluster_dim(i)))
+                for i, tied in enumerate(cfg.tied_projections)
+                if cfg.projected and not tied
             }
         )
 

@@ -41,9 +41,8 @@ class TXLConfig:
     layer_norm_epsilon: float = 1e-5
     unk_symbol: str | None = None  # what tokenizer.encode(errors="replace") substitutes
     tokenizer: str = "char"  # how vocab's symbols make text: "char" or "word"
-    cutoffs: list[int] = field(
-        default_factory=list
-    )  # adaptive cluster bounds (WT103: 20k 40k 200k)
+    # Adaptive input and softmax: cluster bounds (WT103: 20000, 40000, 200000), see above.
+    cutoffs: list[int] = field(default_factory=list)
     div_val: int = 1  # cluster i is embedded in d_embed // div_val**i dimensions
     d_embed: int = 0  # embedding width of the first cluster (0: d_model)
     tie_projs: list[bool] = field(default_factory=list)  # per cluster: softmax uses the
@@ -107,10 +106,33 @@ class TXLConfig:
 
     @property
     def embed_dims(self) -> list[int]:
-        """Embedding width of each cluster: d_embed // div_val**i (one entry if div_val 1)."""
+        """Width of each embedding table: d_embed // div_val**i (one table if div_val 1)."""
         if self.div_val == 1:
             return [self.d_embed]
         return [self.d_embed // self.div_val**i for i in range(len(self.cutoffs) + 1)]
+
+    @property
+    def table_sizes(self) -> list[int]:
+        """Rows of each embedding table: the whole vocabulary in one table with div_val 1
+        (its clusters are slices of it), else one table per cluster."""
+        if self.div_val == 1:
+            return [self.vocab_size]
+        bounds = self.cluster_bounds
+        return [b - a for a, b in zip(bounds, bounds[1:])]
+
+    @property
+    def projected(self) -> bool:
+        """Whether the embedding tables are projected to d_model (the P_i exist)."""
+        return self.div_val != 1 or self.d_embed != self.d_model
+
+    def cluster_dim(self, i: int) -> int:
+        """Embedding width of cluster i (the width of its projection's second axis)."""
+        return self.embed_dims[0 if self.div_val == 1 else i]
+
+    @property
+    def tied_projections(self) -> list[bool]:
+        """tie_projs with one entry per cluster ([] means none is tied)."""
+        return self.tie_projs or [False] * (len(self.cutoffs) + 1)
 
     def n_params(self) -> int:
         """Parameter count of the model this config builds (without building it)."""
@@ -127,17 +149,15 @@ class TXLConfig:
         shared_r = 0 if c.untie_r else 2 * inner
         if not c.adaptive:
             return c.n_layer * per_layer + shared_r + c.vocab_size * (c.d_model + 1)
-        bounds, dims = self.cluster_bounds, self.embed_dims
-        sizes = [c.vocab_size] if c.div_val == 1 else [b - a for a, b in zip(bounds, bounds[1:])]
-        embeddings = sum(n * d for n, d in zip(sizes, dims))
-        emb_projs = sum(c.d_model * d for d in dims if d != c.d_model or c.div_val != 1)
+        dims = c.embed_dims
+        embeddings = sum(n * d for n, d in zip(c.table_sizes, dims))
+        emb_projs = c.d_model * sum(dims) if c.projected else 0
         n_clusters = len(c.cutoffs)
         head = n_clusters * (c.d_embed + 1) + c.vocab_size  # cluster weight + bias, biases
-        tied = c.tie_projs or [False] * (n_clusters + 1)
         out_projs = sum(
-            c.d_model * (dims[0] if c.div_val == 1 else dims[i])
-            for i in range(n_clusters + 1)
-            if not tied[i] and (c.div_val != 1 or c.d_embed != c.d_model)
+            c.d_model * c.cluster_dim(i)
+            for i, tied in enumerate(c.tied_projections)
+            if c.projected and not tied
         )
         return c.n_layer * per_layer + shared_r + embeddings + emb_projs + head + out_projs
 

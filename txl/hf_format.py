@@ -217,8 +217,6 @@ def _io_map(config: TXLConfig) -> dict[str, list[str]]:
         }
     emb, crit = "transformer.word_emb", "crit"
     n_tables = len(config.embed_dims)  # 1 with div_val 1: slices of one table
-    has_proj = config.div_val != 1 or config.d_embed != config.d_model
-    tied = config.tie_projs or [False] * (len(config.cutoffs) + 1)
     names = {}
     for i in range(n_tables):
         names[f"embedding.layers.{i}.weight"] = [
@@ -226,16 +224,16 @@ def _io_map(config: TXLConfig) -> dict[str, list[str]]:
             f"{crit}.out_layers.{i}.weight",
         ]
         names[f"softmax.biases.{i}"] = [f"{crit}.out_layers.{i}.bias"]
-        if has_proj:
+        if config.projected:
             names[f"embedding.projs.{i}"] = [f"{emb}.emb_projs.{i}"]
     if config.cutoffs:
         names["softmax.cluster_weight"] = [f"{crit}.cluster_weight"]
         names["softmax.cluster_bias"] = [f"{crit}.cluster_bias"]
-    for i in range(len(config.cutoffs) + 1):
-        if not has_proj:
+    for i, tied in enumerate(config.tied_projections):
+        if not config.projected:
             continue  # no projections at all: transformers stores None
         own = f"{crit}.out_projs.{i}"
-        if tied[i]:  # the input's projection; a stored copy must be the same tensor
+        if tied:  # the input's projection; a stored copy must be the same tensor
             names[f"embedding.projs.{0 if config.div_val == 1 else i}"].append(own)
         else:
             names[f"softmax.projs.{i}"] = [own]

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -578,16 +579,8 @@ class TransformerXL(
             model = cls(TXLConfig.from_dict(data))  # torch / the tokenizer check the values
         except (ValueError, TypeError) as e:
             raise TXLLoadError(f"{source}: {CONFIG_NAME} is not a valid txl config: {e}") from None
-        try:
+        with _weight_errors(source):
             load_model(model, str(weights_file), strict=True)
-        except SafetensorError as e:
-            raise TXLLoadError(
-                f"{source}: {WEIGHTS_NAME} is damaged or not safetensors: {e}"
-            ) from None
-        except RuntimeError as e:
-            raise TXLLoadError(
-                f"{source}: {WEIGHTS_NAME} does not match {CONFIG_NAME}: {str(e)[:600]}"
-            ) from None
         return model
 
     @classmethod
@@ -605,22 +598,16 @@ class TransformerXL(
             name: fetch_file(source, name, revision, optional=True, **hub) for name in VOCAB_FILES
         }
         vocab_files = {name: path for name, path in found.items() if path is not None}
+        with _weight_errors(source):
+            hf_state = load_file(weights_file)
         try:
             vocab = load_word_vocab(vocab_files) if vocab_files else None
-            config, state = map_state(hf_config, load_file(weights_file), vocab)
-        except SafetensorError as e:
-            raise TXLLoadError(
-                f"{source}: {WEIGHTS_NAME} is damaged or not safetensors: {e}"
-            ) from None
+            config, state = map_state(hf_config, hf_state, vocab)
         except (ValueError, OSError) as e:  # UnsupportedCheckpoint, UnsafePickleError, ...
             raise TXLLoadError(f"{source}: cannot convert this TransfoXL checkpoint: {e}") from None
         model = cls(config)
-        try:
+        with _weight_errors(source):
             model.load_state_dict(state, strict=True)
-        except RuntimeError as e:
-            raise TXLLoadError(
-                f"{source}: {WEIGHTS_NAME} does not match {CONFIG_NAME}: {str(e)[:600]}"
-            ) from None
         if cache is not None:  # written aside, then renamed: a reader never sees half of it
             partial = cache.with_name(f"{cache.name}.partial-{os.getpid()}")
             model.save_pretrained(partial)
@@ -629,6 +616,20 @@ class TransformerXL(
             except OSError:  # another process converted it first
                 shutil.rmtree(partial, ignore_errors=True)
         return model
+
+
+@contextmanager
+def _weight_errors(source: str):
+    """Reading or loading model.safetensors: a damaged file, or tensors that do not fit
+    the config, become a TXLLoadError that says which."""
+    try:
+        yield
+    except SafetensorError as e:
+        raise TXLLoadError(f"{source}: {WEIGHTS_NAME} is damaged or not safetensors: {e}") from None
+    except RuntimeError as e:
+        raise TXLLoadError(
+            f"{source}: {WEIGHTS_NAME} does not match {CONFIG_NAME}: {str(e)[:600]}"
+        ) from None
 
 
 def _read_config_json(source: str, path: Path) -> dict:

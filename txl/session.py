@@ -421,10 +421,7 @@ class Session:
 
     def _memory_bytes(self) -> int:
         """KVMemory.nbytes, by arithmetic: the hot path need not slice 2·n_layer buffers."""
-        if not self.kv or not self.kv.k:
-            return 0
-        B, H, _, Dh = self.kv.k[0].shape
-        return 2 * len(self.kv.k) * B * H * len(self.kv) * Dh * self.kv.k[0].element_size()
+        return len(self.kv) * memory_bytes_per_position(self.model) if self.kv else 0
 
     def _append(self, ids: list[int]) -> None:
         previous = self.ids[-1] if self.ids else None

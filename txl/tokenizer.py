@@ -224,12 +224,15 @@ class WordTokenizer:
 
     def unknown_symbols(self, text: str) -> list[str]:
         """Words of ``text`` outside the vocabulary, in order of first appearance."""
-        return list(dict.fromkeys(s for s in self.tokenize(text) if s not in self.stoi))
+        return self._unknown(self.tokenize(text))
+
+    def _unknown(self, symbols: list[str]) -> list[str]:
+        return list(dict.fromkeys(s for s in symbols if s not in self.stoi))
 
     def encode(self, text: str, errors: str = "strict") -> list[int]:
         _check_errors_mode(errors)
         symbols = self.tokenize(text)
-        unknown = list(dict.fromkeys(s for s in symbols if s not in self.stoi))
+        unknown = self._unknown(symbols)
         if unknown and errors == "strict":
             raise UnknownTokensError(unknown)
         return _ids_of(symbols, self.stoi, errors, self.unk_symbol)
