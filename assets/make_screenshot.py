@@ -22,18 +22,6 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-]
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -49,15 +37,14 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     import app
+    from tests.test_app import serve  # the tests' launch on 127.0.0.1
+    from tests.test_browser import FLAGS  # and their browser flags: loopback only
 
     torch.set_num_threads(1)
     txl_app = app.TXLApp(args.model)
     if txl_app.load_error:
         raise SystemExit(txl_app.load_error)
-    demo = txl_app.build()
-    _, url, _ = app.launch(
-        demo, server_port=None, prevent_thread_lock=True, quiet=True, ssr_mode=False
-    )
+    demo, url = serve(txl_app)
     try:
         with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
             context = p.chromium.launch_persistent_context(
