@@ -30,44 +30,37 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # 100 events is plenty.
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 
-import ctypes  # noqa: E402
 import json  # noqa: E402
-import re  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
-import weakref  # noqa: E402
-from collections import OrderedDict  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-from txl import TransformerXL, TXLConfig, viz  # noqa: E402
-from txl.hub import CONFIG_NAME, TXLLoadError  # noqa: E402
-from txl.session import (  # noqa: E402
-    Session,
-    check_seed,
-    check_temperature,
-    check_top_p,
-    memory_bytes_per_position,
-    memory_cap,
+from txl import TXLConfig, viz  # noqa: E402
+from txl.hub import TXLLoadError  # noqa: E402
+from txl.serve import (  # noqa: E402
+    MAX_MEM_LEN,
+    Server,
+    UserState,
+    _display,
+    allowed_folder,
+    as_int,
+    env_int,
+    model_markdown,
+    name_input_errors,
+    parse_choice,
+    resolve_source,
+    user_errors,
 )
+from txl.session import Session  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent
-BUNDLED_MODEL = "weights/shakespeare-char"
 MAX_NEW_TOKENS = 500  # per Generate call
-MAX_MEM_LEN = 2048
-MAX_PROMPT_CHARS = 20_000
 MAX_SCORE_CHARS = 20_000
-MAX_TEXT_CHARS = 100_000  # a session's text: Continue and Step stop here (Reset starts over)
 MAX_SOURCE_CHARS = 256  # the Load box: a Hub id is at most 96 + 1 + 96 characters
-MODEL_CACHE_SIZE = 3  # models kept loaded besides those that live sessions still use
 STREAM_EVERY_S = 0.08  # Generate sends the text at most this often
 HEATMAP_COLUMNS = 160  # more keys than this are summed into buckets (mem_len 128 + 1 fits)
 ALL_LAYERS, MEAN_HEADS = "all layers", "mean over heads"
+
 BUTTONS = [
     ("generate", "primary"),
     ("continue", "secondary"),
@@ -77,419 +70,8 @@ BUTTONS = [
 EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
 
 
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value else default
-
-
-# ---- models: loaded once per source, shared read-only by every session ---------------
-
-
-def resolve_source(source: str | None) -> str:
-    """A folder as an absolute path (a relative one is looked up in the working directory,
-    then next to app.py), anything else (a Hub repo id) as typed; empty: the bundled model."""
-    source = (source or "").strip() or BUNDLED_MODEL
-    if source.rstrip("/") == BUNDLED_MODEL:  # never looked up on the Hub, even when missing
-        return str(ROOT / BUNDLED_MODEL)
-    try:  # a name too long for the file system (ENAMETOOLONG) is no folder
-        local = Path(source).expanduser()
-        if local.is_dir():
-            return str(local.resolve())
-        if not source.startswith((".", "/", "~")) and (ROOT / source).is_dir():
-            return str((ROOT / source).resolve())
-    except (OSError, RuntimeError, ValueError):  # also ~nosuchuser, NUL in a path
-        pass
-    return source
-
-
-def allowed_folder(source: str, folders: list[Path]) -> bool:
-    """Whether a resolved source is a Hub id, or a folder inside one of ``folders``."""
-    path = Path(source)
-    if not path.is_absolute():
-        return True  # not a folder here: fetch_file decides whether it is a valid repo id
-    return any(path == d or d in path.parents for d in folders)
-
-
-def check_config(source: str, max_params: int) -> TXLConfig:
-    """Read config.json first: refuse oversized models before the weights are downloaded."""
-    config = TransformerXL.load_config(source)
-    params = config.n_params()
-    if params > max_params:
-        raise TXLLoadError(
-            f"{source}: {params / 1e6:.0f}M parameters, more than this app's limit of "
-            f"{max_params / 1e6:.0f}M (TXL_MAX_PARAMS)"
-        )
-    return config
-
-
-def pick_dtype(setting: str, n_params: int) -> torch.dtype:
-    """TXL_DTYPE: float32, bfloat16, or auto (bfloat16 above 100M parameters: half the
-    memory for the weights and for every session's memory)."""
-    setting = (setting or "auto").strip().lower()
-    if setting not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"TXL_DTYPE must be auto, float32 or bfloat16, got {setting!r}")
-    if setting == "auto":
-        return torch.bfloat16 if n_params > 100_000_000 else torch.float32
-    return getattr(torch, setting)
-
-
-class ModelCache:
-    """Loaded models by source; the least recently used beyond ``size`` are dropped (the
-    sessions that use them keep them alive)."""
-
-    def __init__(self, size: int = MODEL_CACHE_SIZE, max_params: int = 400_000_000):
-        self.size, self.max_params = size, max_params
-        self.dtype_setting = os.environ.get("TXL_DTYPE", "auto")
-        self._models: OrderedDict[str, TransformerXL] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, source: str, progress=None) -> TransformerXL:
-        source = resolve_source(source)
-        with self._lock:
-            if source in self._models:
-                self._models.move_to_end(source)
-                return self._models[source]
-        if progress is not None:
-            progress(0.1, desc=f"reading {CONFIG_NAME}")
-        config = check_config(source, self.max_params)
-        if progress is not None:
-            progress(0.4, desc="loading the weights")
-        dtype = pick_dtype(self.dtype_setting, config.n_params())
-        model = TransformerXL.from_pretrained(source, dtype=dtype)
-        if model.tokenizer is None:
-            raise TXLLoadError(f"{source}: the model came without a vocabulary to write with")
-        with self._lock:
-            self._models[source] = model
-            while len(self._models) > self.size:
-                self._models.popitem(last=False)
-        return model
-
-
-def model_markdown(source: str, model: TransformerXL, mem_cap: int) -> str:
-    c = model.config
-    n_params = sum(p.numel() for p in model.parameters())
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    unit = model.tokenizer.unit + "s" if model.tokenizer else "tokens"
-    cap = ""
-    if mem_cap < c.mem_len:
-        cap = (
-            f" · **memory capped at {mem_cap:,} positions per session** "
-            f"({viz.format_bytes(mem_cap * memory_bytes_per_position(model))}, "
-            "TXL_SESSION_MEMORY_MB)"
-        )
-    return (
-        f"**Model** `{source}` · {c.n_layer} layers × {c.n_head} heads · d_model {c.d_model} · "
-        f"{c.vocab_size:,} {unit} · {n_params / 1e6:.2f}M parameters ({dtype}) · trained "
-        f"with segments of {c.tgt_len} and a memory of {c.mem_len}{cap}"
-    )
-
-
-# ---- one browser session's state -----------------------------------------------------
-
-
-@dataclass(eq=False)  # compared and hashed by identity: Sessions holds them in a WeakSet
-class UserState:
-    """What one browser session owns: its Session (text + memory) and which model."""
-
-    source: str
-    session: Session
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    last_used: float = field(default_factory=time.monotonic, repr=False)
-    expired: bool = False  # released by Sessions: its text and memory are gone
-
-    @property
-    def model(self) -> TransformerXL:
-        return self.session.model
-
-
-try:  # glibc: hand freed heap pages back to the OS
-    _malloc_trim = ctypes.CDLL(None).malloc_trim
-except (AttributeError, OSError):  # musl, macOS, Windows: nothing to do
-    _malloc_trim = None
-
-
-def trim_memory() -> None:
-    """glibc keeps the memory that Python and torch free in its arenas, so a server's RSS
-    stays at its peak after the sessions that made it are gone; malloc_trim returns it
-    (measured after 200 sessions expired: +42 % without, +2 % with; tests/test_concurrency)."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-class Sessions:
-    """Every UserState of the app, held weakly, and what frees them.
-
-    Gradio drops a state ``time_to_live`` seconds after it was last stored (calling
-    delete_callback), drops the states beyond ``state_session_capacity`` without calling
-    it, and is written to keep a closed tab's state for an hour whatever the time_to_live
-    (with Starlette 1.x it does not notice the close). So a sweep every second frees the
-    text and memory of every session idle for ``ttl`` seconds itself, and hands the freed
-    memory back to the OS whenever a session was released or dropped.
-    """
-
-    def __init__(self, ttl: float, every: float = 1.0):
-        self.ttl, self.every = ttl, every
-        self._states: weakref.WeakSet[UserState] = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._count = 0  # states alive at the last sweep: fewer now means some were dropped
-        self._freed = False
-        self._thread: threading.Thread | None = None
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def add(self, state: UserState) -> UserState:
-        with self._lock:
-            self._states.add(state)
-            self._count += 1
-            if self._thread is None:  # the first session starts the sweeps
-                self._thread = threading.Thread(
-                    target=_sweep_forever, args=(weakref.ref(self),), daemon=True
-                )
-                self._thread.start()
-        return state
-
-    def release(self, state: UserState | None, idle: float | None = None) -> bool:
-        """Free a session's text and memory (Gradio's delete_callback; the sweep, which
-        passes ``idle``: only if still idle that long). A session busy with a request is
-        in use: it is left alone, and so is the event loop that calls delete_callback."""
-        if state is None or state.expired or not state.lock.acquire(blocking=False):
-            return False
-        try:
-            if idle is not None and time.monotonic() - state.last_used <= idle:
-                return False
-            state.session.reset()
-            state.expired = self._freed = True
-            return True
-        finally:
-            state.lock.release()
-
-    def sweep(self) -> int:
-        """Release the sessions idle for ttl seconds; trim the heap if anything went."""
-        now = time.monotonic()
-        with self._lock:
-            states = list(self._states)
-        released = sum(
-            self.release(s, idle=self.ttl)
-            for s in states
-            if not s.expired and now - s.last_used > self.ttl
-        )
-        del states
-        with self._lock:
-            dropped, self._count = len(self._states) < self._count, len(self._states)
-        if self._freed or dropped:
-            self._freed = False
-            trim_memory()
-        return released
-
-
-def _sweep_forever(ref: weakref.ref) -> None:
-    """Sweep every ``every`` seconds for as long as the Sessions object lives."""
-    while (sessions := ref()) is not None:
-        every = sessions.every
-        del sessions  # not kept alive by this thread while it sleeps
-        time.sleep(every)
-        if (sessions := ref()) is not None:
-            sessions.sweep()
-
-
-@contextmanager
-def user_errors(state: UserState | None = None, timeout: float = 30.0):
-    """Hold the session's lock; turn bad settings (ValueError) into a message in the UI."""
-    if state is not None and not state.lock.acquire(timeout=timeout):
-        raise gr.Error("Still busy with your previous request: try again in a moment.")
-    try:
-        yield
-    except ValueError as e:
-        raise gr.Error(str(e)) from None
-    finally:
-        if state is not None:
-            state.last_used = time.monotonic()
-            state.lock.release()
-
-
-def as_int(name: str, value, lo: int, hi: int) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not number.is_integer():
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if not lo <= number <= hi:
-        raise ValueError(f"{name} must be between {lo} and {hi}, got {int(number)}")
-    return int(number)
-
-
-def parse_choice(value, prefix: str, limit: int) -> int | None:
-    """'layer 3' / '3' -> 3; 'all layers' / 'mean over heads' / None / out of range -> None."""
-    match = re.fullmatch(rf"\s*(?:{prefix}\s*)?(\d+)\s*", str(value or ""))
-    if match is None:
-        return None
-    index = int(match.group(1))
-    return index if index < limit else None
-
-
-def name_input_errors(components) -> None:
-    """Gradio checks a Slider's or a Number's range before the handler runs, with a message
-    that does not say which setting ("Value 5 is greater than maximum value 2."), and a
-    string, a null or a NaN sent through the API fails there with no message at all. Wrap
-    the preprocessing of these inputs ((API name, component) pairs) so that every refusal
-    says which parameter and why; a Checkbox takes true or false only."""
-    for name, component in components:
-        if isinstance(component, (gr.Slider, gr.Number)):
-            integer = getattr(component, "precision", None) == 0  # gradio would round it
-            component.preprocess = _named_number(name, component.preprocess, integer)
-        elif isinstance(component, gr.Checkbox):
-            component.preprocess = _strict_bool(name, component.preprocess)
-
-
-def _named_number(name: str, preprocess, integer: bool = False):
-    def checked(payload):
-        if isinstance(payload, bool) or not isinstance(payload, (int, float)):
-            raise gr.Error(f"{name} must be a number, got {payload!r:.60}")
-        if integer and isinstance(payload, float) and not payload.is_integer():  # 2.5, NaN
-            raise gr.Error(f"{name} must be an integer, got {payload}")
-        try:
-            return preprocess(payload)
-        except gr.Error as e:
-            raise gr.Error(f"{name}: {e.message}") from None
-        except (ValueError, OverflowError):  # NaN or infinity rounded to an integer
-            raise gr.Error(f"{name} must be a finite number, got {payload}") from None
-
-    return checked
-
-
-def _strict_bool(name: str, preprocess):
-    def checked(payload):
-        if not isinstance(payload, bool):
-            raise gr.Error(f"{name} must be true or false, got {payload!r:.60}")
-        return preprocess(payload)
-
-    return checked
-
-
-# ---- the app -------------------------------------------------------------------------
-
-
-class TXLApp:
-    """Handlers (small: they call Session and txl.viz) and the Blocks that wires them."""
-
-    def __init__(
-        self,
-        default_source: str | None = None,
-        cache: ModelCache | None = None,
-        model_dirs: list[str] | None = None,
-    ):
-        self.default_source = resolve_source(default_source or os.environ.get("TXL_MODEL"))
-        self.cache = cache or ModelCache(max_params=env_int("TXL_MAX_PARAMS", 400_000_000))
-        # Folders the Load box may read models from: the app's own, the default model's,
-        # and TXL_MODEL_DIRS (os.pathsep-separated). Anything else must be a Hub repo id.
-        if model_dirs is None:
-            model_dirs = [d for d in os.environ.get("TXL_MODEL_DIRS", "").split(os.pathsep) if d]
-        self.model_dirs = [Path(d).expanduser().resolve() for d in [str(ROOT), *model_dirs]]
-        if Path(self.default_source).is_absolute():
-            self.model_dirs.append(Path(self.default_source))
-        self.export_dir = Path(tempfile.mkdtemp(prefix="txl-export-"))
-        self.sessions = Sessions(env_int("TXL_SESSION_TTL", 3600))
-        self.load_notice = None  # why the app serves the bundled model instead of TXL_MODEL
-        try:  # load it now, so that the first visitor does not wait
-            self.default_model = self.cache.get(self.default_source)
-            self.load_error = None
-        except TXLLoadError as e:
-            self.default_model, self.load_error = None, str(e)
-            if self.default_source == str(ROOT / BUNDLED_MODEL):
-                self.load_error = (
-                    f"the bundled model {BUNDLED_MODEL} is missing or incomplete ({e}); train "
-                    "it, or set TXL_MODEL to another folder or a Hub repo id"
-                )
-            else:  # serve the bundled model rather than nothing, and say why
-                try:
-                    self.default_model = self.cache.get(BUNDLED_MODEL)
-                except TXLLoadError:
-                    pass
-                else:
-                    self.default_source = str(ROOT / BUNDLED_MODEL)
-                    self.load_notice = f"{e}: serving the bundled model instead"
-                    self.load_error = None
-
-    # -- state and settings --
-
-    def mem_cap(self, model: TransformerXL) -> int:
-        """The largest mem_len a session of this model may use (MAX_MEM_LEN, or less when
-        TXL_SESSION_MEMORY_MB would be exceeded: 18 layers x 1600 positions is 236 MB)."""
-        budget = float(os.environ.get("TXL_SESSION_MEMORY_MB") or 256) * 2**20
-        return max(1, min(MAX_MEM_LEN, memory_cap(model, budget)))
-
-    def start_mem_len(self, model: TransformerXL) -> int:
-        """A new session's mem_len: the model's own, within the per-session cap."""
-        return min(model.config.mem_len, self.mem_cap(model))
-
-    def new_state(self, source: str, model: TransformerXL) -> UserState:
-        session = Session(model, mem_len=self.start_mem_len(model))
-        return UserState(source=source, session=session)
-
-    def ensure(self, state: UserState | None) -> UserState:
-        """The caller's state, created on first use with the default model (and again
-        when Sessions freed it after TXL_SESSION_TTL idle seconds)."""
-        if state is not None and state.expired:
-            gr.Warning(
-                f"This session was idle for more than {self.sessions.ttl:g} s and its text "
-                "was cleared: starting again."
-            )
-            state = None
-        if state is not None:
-            state.last_used = time.monotonic()
-            return state
-        if self.default_model is None:
-            raise gr.Error(f"No model is loaded ({self.load_error}). Load one above.")
-        return self.sessions.add(self.new_state(self.default_source, self.default_model))
-
-    @staticmethod
-    def check_room(s: Session) -> None:
-        """Continue and Step stop at MAX_TEXT_CHARS: the text is sent whole with every
-        answer, and kept in memory for the session's life."""
-        if len(s.text) >= MAX_TEXT_CHARS:
-            raise ValueError(
-                f"the text is {len(s.text):,} characters, the most one session holds "
-                f"({MAX_TEXT_CHARS:,}): Reset, or Generate to start over from the prompt"
-            )
-
-    def apply_settings(self, s: Session, memory, mem_len, temperature, top_k, top_p, seed):
-        """Validate every setting first, then apply (memory rebuilds only on a change)."""
-        temperature, top_p, seed = (
-            check_temperature(temperature),
-            check_top_p(top_p),
-            check_seed(seed),
-        )
-        top_k = as_int("top_k", top_k, 0, 1_000_000)
-        mem_len = as_int("mem_len", mem_len, 0, MAX_MEM_LEN)
-        cap = self.mem_cap(s.model)
-        if mem_len > cap:
-            gr.Warning(f"mem_len {mem_len:,} is above this model's per-session cap; using {cap:,}.")
-            mem_len = cap
-        s.temperature, s.top_k, s.top_p = temperature, top_k, top_p
-        if mem_len != s.mem_len:
-            s.set_mem_len(mem_len)
-        s.set_memory(bool(memory))
-        if seed != s.seed:
-            s.set_seed(seed)
-
-    @staticmethod
-    def start(s: Session, prompt: str) -> None:
-        prompt = prompt or ""
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(
-                f"the prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}"
-            )
-        dropped = s.start(prompt)
-        if dropped:
-            how = (
-                "replaced by " + repr(s.tokenizer.unk_symbol)
-                if s.unknown_mode == "replace"
-                else "dropped"
-            )
-            shown = ", ".join(repr(c) for c in dropped[:12])
-            gr.Warning(f"Characters the model does not know were {how}: {shown}")
+class TXLApp(Server):
+    """The page and its handlers (small: they call Session and txl.viz)."""
 
     # -- views --
 
@@ -908,12 +490,6 @@ class TXLApp:
             control.change(self.redraw, [*view, state], [ui["heatmap"]], **private)
         ui["export"].click(self.export, [state], [ui["export_file"]], **private)
 
-    def model_info(self) -> str:
-        if self.default_model is None:
-            return f"**No model loaded**: {self.load_error}"
-        model = self.default_model
-        return model_markdown(_display(self.default_source), model, self.mem_cap(model))
-
 
 def layer_choices(config: TXLConfig) -> dict:
     return dict(
@@ -925,12 +501,6 @@ def head_choices(config: TXLConfig) -> dict:
     return dict(
         choices=[MEAN_HEADS] + [f"head {i}" for i in range(config.n_head)], value=MEAN_HEADS
     )
-
-
-def _display(source: str) -> str:
-    """The bundled model's path as typed (relative), any other source as it is."""
-    bundled = str(ROOT / BUNDLED_MODEL)
-    return BUNDLED_MODEL if source == bundled else source
 
 
 def launch(demo: gr.Blocks, **kwargs):

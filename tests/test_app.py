@@ -19,6 +19,7 @@ from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
+from txl import serve as txl_serve  # noqa: E402
 
 VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 SEG_LEN, MEM_LEN = 16, 32
@@ -243,7 +244,7 @@ def test_load_model_affects_only_this_session(server, tmp_path):
 
 def test_a_missing_default_model_is_an_error_not_a_crash(tmp_path, monkeypatch):
     # (with the bundled model there, the app falls back to it: tests/test_robustness.py)
-    monkeypatch.setattr(app, "BUNDLED_MODEL", "weights/no-such-model")
+    monkeypatch.setattr(txl_serve, "BUNDLED_MODEL", "weights/no-such-model")
     txl_app = app.TXLApp(str(tmp_path / "missing"))
     assert txl_app.default_model is None and "missing" in txl_app.load_error
     txl_app.build()  # the page still builds, and says why there is no model

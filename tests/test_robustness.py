@@ -41,6 +41,7 @@ from tests.hub_server import FakeHub, hub_environment  # noqa: E402
 from tests.raw_api import call  # noqa: E402
 from tests.test_app import MEM_LEN, SEG_LEN, VOCAB, serve, tiny_model  # noqa: E402
 from txl import TransformerXL  # noqa: E402
+from txl import serve as txl_serve  # noqa: E402
 from txl.hub import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
 from txl.session import Session  # noqa: E402
 from txl.tokenizer import CharTokenizer, UnknownCharactersError  # noqa: E402
@@ -687,7 +688,7 @@ def test_a_broken_default_model_falls_back_to_the_bundled_one(models, tmp_path):
     _copy_with(models["default"], _damaged(models["default"])["weights-garbage"], folder)
     txl_app = app.TXLApp(str(folder))
     assert txl_app.load_error is None and txl_app.default_model is not None
-    assert txl_app.default_source == str(ROOT / app.BUNDLED_MODEL)
+    assert txl_app.default_source == str(ROOT / txl_serve.BUNDLED_MODEL)
     assert str(folder) in txl_app.load_notice and WEIGHTS_NAME in txl_app.load_notice
     assert "serving the bundled model instead" in txl_app.load_notice
     txl_app.build()  # the page says so
@@ -712,7 +713,7 @@ def test_score_bad_inputs(client):
 
 def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
     text = generate(client, n_tokens=30)[0]
-    monkeypatch.setattr(app, "MAX_TEXT_CHARS", len(text) + 1)
+    monkeypatch.setattr(txl_serve, "MAX_TEXT_CHARS", len(text) + 1)
     full = step(client)[0]
     for call_it in (
         lambda: step(client),
@@ -727,9 +728,9 @@ def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
     ):
         message = refused(call_it)
         assert f"{len(full):,} characters" in message and "Reset" in message
-    monkeypatch.setattr(app, "MAX_TEXT_CHARS", 10**6)
+    monkeypatch.setattr(txl_serve, "MAX_TEXT_CHARS", 10**6)
     assert step(client)[0][:-1] == full  # nothing was lost
-    monkeypatch.setattr(app, "MAX_TEXT_CHARS", len(text) + 1)
+    monkeypatch.setattr(txl_serve, "MAX_TEXT_CHARS", len(text) + 1)
     assert generate(client, n_tokens=30)[0] == text  # Generate starts over: allowed
 
 
@@ -737,8 +738,8 @@ def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
 
 
 def test_sessions_release_idle_sessions_and_keep_busy_ones(model):
-    sessions = app.Sessions(ttl=60, every=3600)  # swept by hand here
-    states = [app.UserState("m", started(model)) for _ in range(3)]
+    sessions = txl_serve.Sessions(ttl=60, every=3600)  # swept by hand here
+    states = [txl_serve.UserState("m", started(model)) for _ in range(3)]
     for state in states:
         sessions.add(state)
     assert len(sessions) == 3
@@ -1065,14 +1066,14 @@ def test_a_busy_session_answers_instead_of_waiting_forever(server):
     errors = []
 
     def busy():
-        with app.user_errors(state):
+        with txl_serve.user_errors(state):
             time.sleep(0.5)
 
     holder = threading.Thread(target=busy)
     holder.start()
     time.sleep(0.1)
     try:
-        with app.user_errors(state, timeout=0.05):
+        with txl_serve.user_errors(state, timeout=0.05):
             pass
     except gr.Error as e:
         errors.append(str(e))
