@@ -39,12 +39,14 @@ import torch  # noqa: E402
 from txl import TXLConfig, viz  # noqa: E402
 from txl.hub import TXLLoadError  # noqa: E402
 from txl.serve import (  # noqa: E402
+    HISTORY_STEPS,
     MAX_MEM_LEN,
+    ROOT,
     Server,
     UserState,
-    _display,
     allowed_folder,
     as_int,
+    display_source,
     env_int,
     model_markdown,
     name_input_errors,
@@ -65,9 +67,25 @@ BUTTONS = [
     ("generate", "primary"),
     ("continue", "secondary"),
     ("step", "secondary"),
+    ("play", "secondary"),
     ("reset", "stop"),
 ]
 EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
+# The two per-step views: gr.HTML whose value is a dict (txl.viz.text_view /
+# attention_view) drawn by txl/web/views.js. The templates do not depend on the value,
+# so Gradio leaves their DOM alone and only the watch() callbacks redraw.
+WEB = ROOT / "txl" / "web"
+VIEWS_HEAD = f"<script>{(WEB / 'views.js').read_text()}</script>"
+ATTENTION_TEMPLATE = (
+    '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
+    'title="Save this view as PNG">⤓ PNG</button></div>'
+    f'<div class="txl-empty">{EMPTY_HEATMAP}</div>'
+    '<canvas></canvas><div class="txl-tip"></div></div>'
+)
+TEXT_TEMPLATE = (
+    '<div class="txl-textview"><div class="txl-legend"></div><div class="txl-text"></div>'
+    '<div class="txl-tip"></div></div>'
+)
 
 
 class TXLApp(Server):
@@ -75,8 +93,9 @@ class TXLApp(Server):
 
     # -- views --
 
-    def text_views(self, s: Session) -> tuple[str, str, str]:
-        """(plain text, coloured HTML, status line) of the session now."""
+    def text_views(self, s: Session, layer=None, head=None) -> tuple[str, dict, str]:
+        """(plain text, the text view's data, status line) of the session now: each
+        character shaded by the newest token's attention when the last step is fresh."""
         info = s.memory_info()
         t, n = s.last_trace, len(s.ids)
         fresh = (
@@ -86,31 +105,52 @@ class TXLApp(Server):
             and t.memory_tokens == info["tokens"]
         )
         roles = viz.roles_from_trace(n, t) if fresh else viz.roles_from_info(n, info)
+        layer, head = self.view_choice(s, layer, head)
         unit = s.tokenizer.unit
-        html = viz.text_html(s.pieces, roles, memory=info["memory"], unit=unit)
+        shaded = t if fresh and t.attentions is not None else None
+        view = viz.text_view(s.pieces, roles, shaded, layer, head, info["memory"], unit=unit)
         status = viz.status_markdown(info, n, t.latency_ms if fresh else None, unit=unit)
-        return s.text, html, status
+        return s.text, view, status
+
+    @staticmethod
+    def view_choice(s: Session, layer, head) -> tuple[int | None, int | None]:
+        c = s.model.config
+        return parse_choice(layer, "layer", c.n_layer), parse_choice(head, "head", c.n_head)
 
     def attention_views(self, state: UserState, layer, head):
-        """(heatmap, memory-share bars, step summary) of the last step."""
+        """(attention view's data, step summary) of the last step."""
         s, t = state.session, state.session.last_trace
         if t is None or t.attentions is None:
-            empty = viz.placeholder_figure(EMPTY_HEATMAP)
-            return empty, viz.placeholder_figure("", height=120), None
-        c = s.model.config
-        layer, head = parse_choice(layer, "layer", c.n_layer), parse_choice(head, "head", c.n_head)
-        heat = viz.heatmap_from_trace(t, s.pieces, layer, head, max_cols=HEATMAP_COLUMNS)
-        # Attention on text a model without memory could not see: seg_len or more back.
-        n_far = viz.far_keys(t.key_positions, t.position, s.seg_len)
-        mass = viz.memory_mass_figure(t.attentions, t.n_memory, t.memory, n_far, s.seg_len)
-        return heat, mass, viz.step_summary(t, s.memory_info(), far=s.seg_len)
+            return None, None
+        layer, head = self.view_choice(s, layer, head)
+        view = viz.attention_view(t, s.pieces, layer, head, HEATMAP_COLUMNS, s.tokenizer.unit)
+        return view, viz.step_summary(t, s.memory_info(), far=s.seg_len)
 
     def all_views(self, state: UserState, layer, head, started: float | None = None):
-        text, html, status = self.text_views(state.session)
-        heat, mass, summary = self.attention_views(state, layer, head)
+        text, text_view, status = self.text_views(state.session, layer, head)
+        attention, summary = self.attention_views(state, layer, head)
         if summary is not None and started is not None:
             summary["handler_ms"] = round((time.perf_counter() - started) * 1e3, 2)
-        return text, html, status, heat, mass, summary, state
+        # The history slider goes back to the newest step.
+        return text, text_view, status, attention, 0, summary, state
+
+    def past_views(self, state: UserState, back: int, layer, head) -> tuple[dict, dict | None]:
+        """(text view, attention view) of the step ``back`` steps ago, the text as it was."""
+        s = state.session
+        t = s.past_trace(back)
+        if t is None or (back == 0 and s.last_trace is not None):
+            _, text_view, _ = self.text_views(s, layer, head)
+            return text_view, self.attention_views(state, layer, head)[0]
+        layer, head = self.view_choice(s, layer, head)
+        pieces, n = s.pieces[: t.position + 1], t.position + 1
+        roles = viz.roles_from_trace(n, t)
+        unit = s.tokenizer.unit
+        text_view = viz.text_view(pieces, roles, t, layer, head, t.memory, unit=unit)
+        steps_back = len(s.history) - 1 - s.history.index(t)
+        attention = viz.attention_view(
+            t, pieces, layer, head, HEATMAP_COLUMNS, unit, history=(steps_back, len(s.history))
+        )
+        return text_view, attention
 
     # -- public events --
 
@@ -140,10 +180,14 @@ class TXLApp(Server):
                 self.start(s, prompt)
             self.check_room(s)
             last = time.perf_counter()
-            for i, _ in enumerate(s.generate(n)):
+            # Every step captures its attention: the views stream with the text, and
+            # the history can show any of the steps afterwards.
+            for i, _ in enumerate(s.generate(n, capture_last_only=False)):
                 if i < n - 1 and time.perf_counter() - last > STREAM_EVERY_S:
                     last = time.perf_counter()
-                    yield (*self.text_views(s), gr.skip(), gr.skip(), gr.skip(), state)
+                    text, text_view, status = self.text_views(s, layer, head)
+                    attention, _ = self.attention_views(state, layer, head)
+                    yield text, text_view, status, attention, 0, gr.skip(), state
             started = time.perf_counter()
             yield self.all_views(state, layer, head, started)
 
@@ -265,12 +309,16 @@ class TXLApp(Server):
             return gr.skip(), gr.skip(), state
         with user_errors(state):
             self.apply_settings(state.session, memory, mem_len, temperature, top_k, top_p, seed)
-            return (*self.text_views(state.session)[1:], state)
+            return (*self.text_views(state.session, layer, head)[1:], state)
 
-    def redraw(self, layer, head, state):
-        if state is None:
-            return gr.skip()
-        return self.attention_views(state, layer, head)[0]
+    def redraw(self, back, layer, head, state):
+        """Layer or head changed, or the history slider moved: both views again, of the
+        step the slider shows (0: the newest; -k: k steps back)."""
+        if state is None or state.expired:
+            return gr.skip(), gr.skip()
+        with user_errors(state):
+            back = -as_int("history", back, -HISTORY_STEPS, 0)
+            return self.past_views(state, back, layer, head)
 
     def export(self, state):
         """The last step's attention as a JSON file."""
@@ -310,7 +358,7 @@ class TXLApp(Server):
         mem_len = self.start_mem_len(self.default_model) if self.default_model else c.mem_len
         ui = {}
         with gr.Row():
-            shown = _display(self.default_source)
+            shown = display_source(self.default_source)
             ui["source"] = gr.Textbox(
                 shown, label="Model: a folder or a Hub repo id", scale=4, elem_id="source"
             )
@@ -341,8 +389,11 @@ class TXLApp(Server):
                     "Memory **on** · nothing generated yet", label="memory status", elem_id="status"
                 )
                 ui["text_html"] = gr.HTML(
-                    viz.text_html("", []),
-                    label="text by role",
+                    None,
+                    html_template=TEXT_TEMPLATE,
+                    js_on_load="TXL.mountText(element, props, watch)",
+                    head=VIEWS_HEAD,
+                    label="text shaded by attention",
                     max_height=460,
                     autoscroll=True,
                     elem_id="text",
@@ -389,17 +440,21 @@ class TXLApp(Server):
                 with gr.Row():
                     ui["layer"] = gr.Dropdown(**layer_choices(c), label="Layer", min_width=140)
                     ui["head"] = gr.Dropdown(**head_choices(c), label="Head", min_width=140)
-                ui["heatmap"] = gr.Plot(
-                    viz.placeholder_figure(EMPTY_HEATMAP),
-                    show_label=False,
+                ui["attention"] = gr.HTML(
+                    None,
+                    html_template=ATTENTION_TEMPLATE,
+                    js_on_load="TXL.mountAttention(element, props, watch)",
+                    head=VIEWS_HEAD,
                     label="Attention of the newest token",
-                    elem_id="heatmap",
+                    elem_id="attention",
                 )
-                ui["mass"] = gr.Plot(
-                    viz.placeholder_figure("", height=120),
-                    show_label=False,
-                    label="Attention on memory",
-                    elem_id="mass",
+                ui["history"] = gr.Slider(
+                    -(HISTORY_STEPS - 1),
+                    0,
+                    value=0,
+                    step=1,
+                    label="Step history: 0 = the newest step, -k = k steps back",
+                    elem_id="history",
                 )
                 with gr.Row():
                     ui["export"] = gr.Button("Export attention (JSON)", size="sm", elem_id="export")
@@ -444,15 +499,26 @@ class TXLApp(Server):
         """Events: five public endpoints, the rest private."""
         settings = [ui[k] for k in ("memory", "mem_len", "temperature", "top_k", "top_p", "seed")]
         view = [ui["layer"], ui["head"]]
-        views = [ui[k] for k in ("text_out", "text_html", "status", "heatmap", "mass", "summary")]
+        views = [ui[k] for k in ("text_out", "text_html", "status", "attention", "history")]
+        views.append(ui["summary"])
         views.append(state)
         gen_inputs = [ui["prompt"], ui["n_tokens"], *settings, *view, state]
         model = dict(concurrency_id="model")  # Generate, Continue and Step share a limit
 
         ui["generate"].click(self.generate, gen_inputs, views, api_name="generate", **model)
         ui["step"].click(
-            self.step, [ui["prompt"], *settings, *view, state], views, api_name="step", **model
+            self.step,
+            [ui["prompt"], *settings, *view, state],
+            views,
+            api_name="step",
+            show_progress="hidden",  # Play clicks Step several times a second
+            # Play's next click can come before Gradio marks this one done: run it after,
+            # rather than drop it (the default for buttons).
+            trigger_mode="always_last",
+            **model,
         )
+        # Play runs in the page (txl/web/views.js): Step after Step, no loop on the server.
+        ui["play"].click(None, js="() => { TXL.togglePlay(); }")
         ui["reset"].click(self.reset, [state], views, api_name="reset")
         ui["score"].click(
             self.score,
@@ -486,8 +552,9 @@ class TXLApp(Server):
                 [ui["text_html"], ui["status"], state],
                 **private,
             )
-        for control in view:
-            control.change(self.redraw, [*view, state], [ui["heatmap"]], **private)
+        redraw = [ui["history"], *view, state]
+        for event in (ui["layer"].change, ui["head"].change, ui["history"].release):
+            event(self.redraw, redraw, [ui["text_html"], ui["attention"]], **private)
         ui["export"].click(self.export, [state], [ui["export_file"]], **private)
 
 
@@ -528,8 +595,11 @@ and which text has already fallen out of memory.
 HEATMAP_HELP = """\
 Rows are layers (or the heads of one layer), columns the keys in text order: \
 **memory** left of the dashed line, the **current segment** right of it (in step-by-step \
-generation the current segment is the new token itself). Beyond 160 keys, columns sum \
-buckets of neighbouring keys. The camera icon of the plot saves it as PNG.
+generation the current segment is the new token itself); the bar on the right is each \
+row's share of attention on memory. Beyond 160 keys, columns sum buckets of neighbouring \
+keys. Hover a cell, or a character of the text, for its weight and distance; **⤓ PNG** \
+saves the view. **Play** steps on by itself until you click it again; the **step \
+history** slider shows any of the last 256 steps over the text as it was then.
 """
 
 SCORE_HELP = """\
@@ -539,14 +609,16 @@ every character (bits, lower is better); the dotted lines mark segment starts, w
 memory-less model starts from nothing.
 """
 
-CSS = """
-#text .txl-text { min-height: 120px; }
+CSS = (
+    (WEB / "views.css").read_text()
+    + """
 @media (max-width: 720px) {
   #main-row { flex-direction: column; }
   #main-row > div { min-width: 0 !important; width: 100%; }
   #main-row .row > div, #main-row .row > button { min-width: 0 !important; }
 }
 """
+)
 
 # Public domain: Shakespeare, Romeo and Juliet, act 2 scene 2 (the balcony scene).
 ROMEO_AND_JULIET = """\

@@ -42,6 +42,7 @@ BUNDLED_MODEL = "weights/shakespeare-char"
 MAX_MEM_LEN = 2048
 MAX_PROMPT_CHARS = 20_000
 MAX_TEXT_CHARS = 100_000  # a session's text: Continue and Step stop here (Reset starts over)
+HISTORY_STEPS = 256  # steps whose attention a session keeps for the history slider
 MODEL_CACHE_SIZE = 3  # models kept loaded besides those that live sessions still use
 
 
@@ -384,18 +385,31 @@ class Server:
 
     # -- state and settings --
 
+    @staticmethod
+    def session_budget() -> float:
+        """Bytes one session's memory may take (TXL_SESSION_MEMORY_MB): its keys and values
+        and its step history."""
+        return float(os.environ.get("TXL_SESSION_MEMORY_MB") or 256) * 2**20
+
     def mem_cap(self, model: TransformerXL) -> int:
         """The largest mem_len a session of this model may use (MAX_MEM_LEN, or less when
         TXL_SESSION_MEMORY_MB would be exceeded: 18 layers x 1600 positions is 236 MB)."""
-        budget = float(os.environ.get("TXL_SESSION_MEMORY_MB") or 256) * 2**20
-        return max(1, min(MAX_MEM_LEN, memory_cap(model, budget)))
+        return max(1, min(MAX_MEM_LEN, memory_cap(model, self.session_budget())))
+
+    def fit_history(self, s: Session) -> None:
+        """The step history keeps what the session's budget leaves beside its memory (at
+        mem_len, with the buffers' spare room): all 256 steps of the bundled model at any
+        mem_len, a few dozen of the WikiText-103 model's at its full memory."""
+        kv = 1.25 * s.mem_len * memory_bytes_per_position(s.model)
+        s.history_bytes_limit = max(0, int(self.session_budget() - kv))
 
     def start_mem_len(self, model: TransformerXL) -> int:
         """A new session's mem_len: the model's own, within the per-session cap."""
         return min(model.config.mem_len, self.mem_cap(model))
 
     def new_state(self, source: str, model: TransformerXL) -> UserState:
-        session = Session(model, mem_len=self.start_mem_len(model))
+        session = Session(model, mem_len=self.start_mem_len(model), history=HISTORY_STEPS)
+        self.fit_history(session)
         return UserState(source=source, session=session)
 
     def ensure(self, state: UserState | None) -> UserState:
@@ -440,6 +454,7 @@ class Server:
         s.temperature, s.top_k, s.top_p = temperature, top_k, top_p
         if mem_len != s.mem_len:
             s.set_mem_len(mem_len)
+            self.fit_history(s)
         s.set_memory(bool(memory))
         if seed != s.seed:
             s.set_seed(seed)
@@ -465,10 +480,10 @@ class Server:
         if self.default_model is None:
             return f"**No model loaded**: {self.load_error}"
         model = self.default_model
-        return model_markdown(_display(self.default_source), model, self.mem_cap(model))
+        return model_markdown(display_source(self.default_source), model, self.mem_cap(model))
 
 
-def _display(source: str) -> str:
+def display_source(source: str) -> str:
     """The bundled model's path as typed (relative), any other source as it is."""
     bundled = str(ROOT / BUNDLED_MODEL)
     return BUNDLED_MODEL if source == bundled else source

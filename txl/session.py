@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -129,6 +130,10 @@ def memory_cap(model: TransformerXL, budget_bytes: int) -> int:
     return int(budget_bytes / (1.25 * memory_bytes_per_position(model)))
 
 
+def _trace_bytes(trace: StepTrace) -> int:
+    return trace.attentions.nbytes + trace.key_positions.nbytes
+
+
 class Session:
     """Prompt + generated text, the model's memory of it, and the sampling settings.
 
@@ -147,6 +152,7 @@ class Session:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int = 0,
+        history: int = 256,
     ):
         if model.tokenizer is None:
             raise ValueError("a Session needs a model with a vocabulary (config.vocab is missing)")
@@ -156,6 +162,7 @@ class Session:
         seg_len = _as_int("seg_len", cfg.tgt_len if seg_len is None else seg_len, 1)
         temperature, top_p = check_temperature(temperature), check_top_p(top_p)
         top_k, seed = _as_int("top_k", top_k, 0), check_seed(seed)
+        history = _as_int("history", history, 0)
 
         self.model = model
         self.tokenizer = model.tokenizer
@@ -168,6 +175,10 @@ class Session:
         self._memory_on, self._mem_len, self._seg_len = bool(memory), mem_len, seg_len
         self._temperature, self._top_k, self._top_p = temperature, top_k, top_p
         self._seed = seed
+        # The last ``history_steps`` captured steps, their attention in float16, for a
+        # view of any earlier step; ``history_bytes_limit`` (None: no limit) bounds their
+        # bytes too, so that they count in a server's per-session memory cap.
+        self.history_steps, self.history_bytes_limit = history, None
         self.generator = torch.Generator(device=self.device)
         self.reset()
 
@@ -291,6 +302,8 @@ class Session:
         self._logits: Tensor | None = None  # [vocab] next-token scores after the last token
         self._context = 0  # keys the last token saw when _logits were computed
         self.last_trace: StepTrace | None = None
+        self.history: deque[StepTrace] = deque()  # oldest first
+        self._history_bytes = 0
         self.generator.manual_seed(self._seed)
 
     def start(self, prompt: str) -> list[str]:
@@ -359,7 +372,33 @@ class Session:
             latency_ms=latency_ms,
             memory=self._memory_on,
         )
+        if attentions is not None:
+            self._remember(self.last_trace)
         return self.last_trace
+
+    def past_trace(self, back: int) -> StepTrace | None:
+        """The captured step ``back`` steps before the newest one kept (0: the newest),
+        or the oldest kept when fewer were kept; None when none was. Its attention is
+        float16: the history keeps many steps in little memory."""
+        if not self.history:
+            return None
+        back = min(_as_int("back", back, 0), len(self.history) - 1)
+        return self.history[-1 - back]
+
+    def _remember(self, trace: StepTrace) -> None:
+        kept = replace(
+            trace,
+            attentions=trace.attentions.astype(np.float16),
+            key_positions=trace.key_positions.astype(np.int32),
+        )
+        self.history.append(kept)
+        self._history_bytes += _trace_bytes(kept)
+        limit = self.history_bytes_limit
+        while self.history and (
+            len(self.history) > self.history_steps
+            or (limit is not None and self._history_bytes > limit)
+        ):
+            self._history_bytes -= _trace_bytes(self.history.popleft())
 
     def generate(self, n: int, capture_last_only: bool = True) -> Iterator[StepTrace]:
         """n steps, yielding each trace. capture_last_only: only the last step captures
@@ -385,6 +424,8 @@ class Session:
             "bytes": self._memory_bytes(),
             "span": (end - tokens, end),
             "context": context,
+            "history_steps": len(self.history),
+            "history_bytes": self._history_bytes,
         }
 
     def score(self, text: str) -> ScoreResult:

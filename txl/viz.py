@@ -275,15 +275,15 @@ def _snippet(text: str | None, a: int, b: int, limit: int = 24) -> str:
     return s
 
 
-_WEIGHT_TICKS = (0.0, 0.01, 0.1, 0.25, 0.5, 1.0)
+_TRANSPARENT = {"paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)"}
 
 
 def figure(spec: dict) -> go.Figure:
     """A plotly Figure from a {"data": [...], "layout": {...}} spec.
 
     The figures here are built as plain dicts and wrapped once, without plotly's
-    per-property validation: that keeps a Step's figures at a few milliseconds instead of
-    tens (tests/test_viz.py validates every spec with plotly instead).
+    per-property validation: that keeps a figure at a few milliseconds instead of tens
+    (tests/test_viz.py validates every spec with plotly instead).
     """
     try:
         return go.Figure(spec, _validate=False)
@@ -291,220 +291,12 @@ def figure(spec: dict) -> go.Figure:
         return go.Figure(spec)
 
 
-_TRANSPARENT = {"paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)"}
-
-
-def attention_heatmap(
-    attentions: np.ndarray,
-    key_positions: np.ndarray,
-    n_memory: int,
-    text: str | None = None,
-    query_position: int | None = None,
-    layer: int | None = None,
-    head: int | None = None,
-    max_cols: int = 128,
-    memory: bool = True,
-) -> go.Figure:
-    """Heatmap of one query's attention [n_layer, n_head, K] over its keys.
-
-    Columns are the keys in text order, [memory | current]; a dashed line and the label
-    ``memory ◀ │ ▶ current`` mark the boundary. Rows are layers (``layer=None``) or the
-    heads of one layer. Beyond ``max_cols`` keys, columns are buckets of keys whose
-    weights are summed (the hover says which keys). Colour is sqrt(weight) so that small
-    weights stay visible; the hover (``customdata``) and the colour bar show the weight.
-    """
-    attentions = np.asarray(attentions, dtype=np.float64)
-    if attentions.ndim != 3:
-        raise ValueError(f"attentions must be [n_layer, n_head, K], got {attentions.shape}")
-    key_positions = np.asarray(key_positions, dtype=np.int64)
-    n_keys = attentions.shape[-1]
-    if key_positions.shape != (n_keys,):
-        raise ValueError(f"{key_positions.shape[0]} key positions for {n_keys} keys")
-    if query_position is None:
-        query_position = int(key_positions[-1]) if n_keys else 0
-    rows, row_labels = _layer_head_rows(attentions, layer, head)
-    buckets = bucket_keys(n_keys, n_memory, max_cols)
-    n_cols = len(buckets)
-    n_mem_cols = sum(1 for a, _ in buckets if a < n_memory)
-    z = np.stack([rows[:, a:b].sum(axis=1) for a, b in buckets], axis=1)  # [rows, cols]
-
-    # Hover: what each column is (the same for every row) and the weight of the cell.
-    query = _key_label(text, query_position)
-    asked = f"query '{query}' (position {query_position})"
-    columns = []
-    for a, b in buckets:
-        side = "memory" if a < n_memory else "current"
-        pa, pb = int(key_positions[a]), int(key_positions[b - 1])
-        if b - a == 1:
-            columns.append(
-                f"{asked}<br>key '{_key_label(text, pa)}' (position {pa}, {side})<br>"
-                f"distance {query_position - pa}<br>weight"
-            )
-        else:
-            columns.append(
-                f"{asked}<br>keys {pa}–{pb} '{_snippet(text, pa, pb + 1)}' ({b - a} keys, "
-                f"{side})<br>distance {query_position - pb}–{query_position - pa}<br>total weight"
-            )
-
-    # x ticks: characters when every key has its own column and they fit, else positions.
-    if n_cols == n_keys and n_keys <= 72:
-        tickvals = list(range(n_keys))
-        ticktext = [_key_label(text, int(p)) for p in key_positions]
-    else:
-        step = max(1, n_cols // 8)
-        tickvals = list(range(0, n_cols, step))
-        ticktext = [str(int(key_positions[buckets[c][0]])) for c in tickvals]
-    width = buckets[0][1] - buckets[0][0] if buckets else 1
-    bucket_note = f" · {width} keys per column" if n_cols < n_keys else ""
-
-    shapes, annotations = [], []
-    if memory:
-        x = n_mem_cols - 0.5
-        shapes.append(
-            {
-                "type": "line",
-                "x0": x,
-                "x1": x,
-                "y0": 0,
-                "y1": 1,
-                "yref": "paper",
-                "line": {"color": "#ef4444", "width": 2, "dash": "dash"},
-            }
-        )
-        # The label sits on the boundary, pushed inside the plot when the boundary is near
-        # an edge (as it is in step-by-step generation: one current key at the far right).
-        if n_mem_cols < 0.2 * n_cols:
-            label_x, anchor = -0.5, "left"
-        elif n_mem_cols > 0.8 * n_cols:
-            label_x, anchor = n_cols - 0.5, "right"
-        else:
-            label_x, anchor = x, "center"
-        annotations.append(
-            {
-                "x": label_x,
-                "y": 1.0,
-                "yref": "paper",
-                "yanchor": "bottom",
-                "xanchor": anchor,
-                "text": BOUNDARY_TEXT if n_memory else "memory (empty) │ ▶ current",
-                "showarrow": False,
-                "font": {"color": "#ef4444", "size": 12},
-            }
-        )
-        subtitle = f"over {n_memory} memory + {n_keys - n_memory} current keys"
-    else:
-        annotations.append(
-            {
-                "x": 0,
-                "y": 1.0,
-                "xref": "paper",
-                "yref": "paper",
-                "yanchor": "bottom",
-                "xanchor": "left",
-                "text": f"memory off: only the last {n_keys} tokens, recomputed",
-                "showarrow": False,
-                "font": {"color": "#6b7280", "size": 12},
-            }
-        )
-        subtitle = f"over the last {n_keys} tokens, no memory"
-
-    heatmap = {
-        "type": "heatmap",
-        "z": np.round(np.sqrt(np.clip(z, 0, None)), 5),
-        "customdata": np.round(z, 5),
-        "x": list(range(n_cols)),
-        "y": row_labels,
-        "text": [columns] * len(row_labels),
-        "hovertemplate": "%{y}<br>%{text} %{customdata:.4f}<extra></extra>",
-        "colorscale": "Viridis",
-        "zmin": 0.0,
-        "zmax": 1.0,
-        "colorbar": {
-            "title": {"text": "weight", "side": "right"},
-            "tickvals": [math.sqrt(w) for w in _WEIGHT_TICKS],
-            "ticktext": [f"{w:g}" for w in _WEIGHT_TICKS],
-            "thickness": 12,
-        },
-        "xgap": 1 if n_cols <= 64 else 0,
-        "ygap": 1,
-    }
-    layout = {
-        "title": {
-            "text": f"Attention of the newest token '{query}' (position {query_position})"
-            f"<br><sup>{subtitle}</sup>",
-            "font": {"size": 13},
-            "x": 0.01,
-            "xanchor": "left",
-        },
-        "xaxis": {
-            "tickvals": tickvals,
-            "ticktext": ticktext,
-            "tickangle": 0,
-            "showgrid": False,
-            "title": {"text": f"keys (text position){bucket_note}", "font": {"size": 11}},
-            "range": [-0.5, max(n_cols, 1) - 0.5],
-        },
-        "yaxis": {"autorange": "reversed", "showgrid": False},
-        "shapes": shapes,
-        "annotations": annotations,
-        "height": max(270, 26 * len(row_labels) + 160),
-        "margin": {"l": 10, "r": 10, "t": 84, "b": 40},
-        **_TRANSPARENT,
-    }
-    return figure({"data": [heatmap], "layout": layout})
-
-
-def heatmap_from_trace(
-    trace,
-    text: str | None,
-    layer: int | None = None,
-    head: int | None = None,
-    max_cols: int = 128,
-) -> go.Figure:
-    """attention_heatmap of a StepTrace (one that captured its attention)."""
-    if trace.attentions is None:
-        raise ValueError("this step did not capture its attention")
-    return attention_heatmap(
-        trace.attentions,
-        trace.key_positions,
-        trace.n_memory,
-        text,
-        trace.position,
-        layer=layer,
-        head=head,
-        max_cols=max_cols,
-        memory=trace.memory,
-    )
-
-
-def placeholder_figure(message: str, height: int = 220) -> go.Figure:
-    """An empty figure that says why there is nothing to show yet."""
-    return figure(
-        {
-            "data": [],
-            "layout": {
-                "annotations": [
-                    {
-                        "text": message,
-                        "x": 0.5,
-                        "y": 0.5,
-                        "xref": "paper",
-                        "yref": "paper",
-                        "showarrow": False,
-                        "font": {"size": 13, "color": "#6b7280"},
-                    }
-                ],
-                "xaxis": {"visible": False},
-                "yaxis": {"visible": False},
-                "height": height,
-                "margin": {"l": 10, "r": 10, "t": 10, "b": 10},
-                **_TRANSPARENT,
-            },
-        }
-    )
-
-
-# ---- attention mass on memory --------------------------------------------------------
+# ---- the per-step views: compact data, drawn in the browser ------------------------
+#
+# A Step must be painted in tens of milliseconds, so the two views it redraws (the text
+# shaded by attention, and the attention of the newest token over its keys) go to the
+# browser as small JSON dicts that txl/web/views.js draws: a <canvas> for the attention,
+# spans for the text. No Plotly: drawing its heatmap cost ~400 ms of script per step.
 
 
 def memory_mass(attentions: np.ndarray, n_memory: int) -> np.ndarray:
@@ -513,90 +305,119 @@ def memory_mass(attentions: np.ndarray, n_memory: int) -> np.ndarray:
     return attentions[..., : max(0, int(n_memory))].sum(axis=-1)
 
 
-def memory_mass_figure(
-    attentions: np.ndarray, n_memory: int, memory: bool = True, n_far: int = 0, far: int = 0
-) -> go.Figure:
-    """Per layer, the share of attention (mean over heads) that goes to the memory keys;
-    dots: each head's own share. With ``n_far`` > 0, a second bar: the share that goes to
-    the oldest ``n_far`` keys, ``far`` or more tokens back (with ``far`` = the segment
-    length, text that a model without memory could not see at all)."""
-    mass = memory_mass(attentions, n_memory)  # [L, H]
-    n_layer, n_head = mass.shape
-    layers = [f"layer {i}" for i in range(n_layer)]
-    data = [
-        {
-            "type": "bar",
-            "x": layers,
-            "y": np.round(mass.mean(axis=1), 5),
-            "name": "all memory",
-            "offsetgroup": "memory",
-            "marker": {"color": MEMORY_COLOR},
-            "customdata": np.round(np.stack([mass.min(axis=1), mass.max(axis=1)], axis=1), 5),
-            "hovertemplate": "%{x}: %{y:.1%} of attention on memory"
-            "<br>heads range %{customdata[0]:.1%} – %{customdata[1]:.1%}<extra></extra>",
-        }
-    ]
-    if n_far > 0:
-        far_mass = memory_mass(attentions, n_far).mean(axis=1)
-        data.append(
-            {
-                "type": "bar",
-                "x": layers,
-                "y": np.round(far_mass, 5),
-                "name": f"{far}+ tokens back (out of reach without memory)",
-                "offsetgroup": "far",
-                "marker": {"color": "#1e3a8a"},
-                "hovertemplate": f"%{{x}}: %{{y:.1%}} of attention on text {far} or more "
-                "tokens back<extra></extra>",
-            }
-        )
-    data.append(
-        {
-            "type": "scatter",
-            "x": [name for name in layers for _ in range(n_head)],
-            "y": np.round(mass.ravel(), 5),
-            "mode": "markers",
-            "name": "one head (all memory)",
-            "offsetgroup": "memory",
-            "marker": {"color": "rgba(0,0,0,0.45)", "size": 5},
-            "text": [f"head {h}" for _ in range(n_layer) for h in range(n_head)],
-            "hovertemplate": "%{x} %{text}: %{y:.1%} on memory<extra></extra>",
-        }
-    )
-    annotations = []
-    if not memory:
-        annotations.append(
-            {
-                "text": "memory off: nothing to attend to",
-                "x": 0.5,
-                "y": 0.5,
-                "xref": "paper",
-                "yref": "paper",
-                "showarrow": False,
-                "font": {"color": "#6b7280"},
-            }
-        )
-    return figure(
-        {
-            "data": data,
-            "layout": {
-                "title": {"text": "Share of attention that goes to memory", "font": {"size": 13}},
-                "yaxis": {
-                    "range": [0, 1.02],
-                    "tickformat": ".0%",
-                    "title": {"text": "on memory", "font": {"size": 11}},
-                },
-                "annotations": annotations,
-                "barmode": "group",
-                "scattermode": "group",  # the head dots sit on their layer's memory bar
-                "height": 280,
-                "showlegend": n_far > 0,
-                "legend": {"orientation": "h", "y": -0.15, "font": {"size": 11}},
-                "margin": {"l": 10, "r": 10, "t": 40, "b": 30},
-                **_TRANSPARENT,
-            },
-        }
-    )
+def _rounded(x: np.ndarray, decimals: int = 4) -> list:
+    return np.round(np.asarray(x, dtype=np.float64), decimals).tolist()
+
+
+def attention_view(
+    trace,
+    text: str | Sequence[str] | None,
+    layer: int | None = None,
+    head: int | None = None,
+    max_cols: int = 160,
+    unit: str = "character",
+    history: tuple[int, int] | None = None,
+) -> dict:
+    """The newest token's attention over its keys, as the browser's attention view draws it.
+
+    Rows are layers (``layer=None``; each the mean over heads, or head ``head``) or the
+    heads of one layer and their mean; columns the keys in text order, [memory | current],
+    summed into buckets beyond ``max_cols`` keys. ``w[r][c]`` is the weight of row r on
+    column c; ``mass[r]`` the row's share on memory. Key columns carry the text position
+    of their first and last key (distance = pos - position) and a label.
+    ``history``: (steps back, steps kept), when the view shows an earlier step.
+    """
+    if trace.attentions is None:
+        raise ValueError("this step did not capture its attention")
+    attentions = np.asarray(trace.attentions, dtype=np.float32)  # [L, H, K]
+    keys = np.asarray(trace.key_positions, dtype=np.int64)
+    if attentions.ndim != 3 or attentions.shape[-1] != keys.size:
+        raise ValueError(f"attentions {attentions.shape} do not match {keys.size} keys")
+    rows, labels = _layer_head_rows(attentions, layer, head)
+    buckets = bucket_keys(keys.size, trace.n_memory, max_cols)
+    sums = np.add.reduceat(rows, [a for a, _ in buckets], axis=1) if buckets else rows[:, :0]
+    first = [int(keys[a]) for a, _ in buckets]
+    last = [int(keys[b - 1]) for _, b in buckets]
+    if all(b - a == 1 for a, b in buckets):
+        col_labels = [_key_label(text, p) for p in first]
+    else:
+        col_labels = [_snippet(text, p, q + 1) for p, q in zip(first, last)]
+    return {
+        "pos": int(trace.position),
+        "query": _key_label(text, int(trace.position)),
+        "memory": bool(trace.memory),
+        "unit": unit,
+        "rows": labels,
+        "w": _rounded(sums),
+        "mass": _rounded(rows[:, : trace.n_memory].sum(axis=1)),
+        "first": first,
+        "last": last,
+        "labels": col_labels,
+        "n_mem_cols": sum(1 for a, _ in buckets if a < trace.n_memory),
+        "n_keys": int(keys.size),
+        "history": list(history) if history else None,
+    }
+
+
+def text_weights(trace, layer: int | None = None, head: int | None = None) -> np.ndarray:
+    """[K] the newest token's attention on each key, as the text is shaded: one layer (or
+    the mean over layers), one head (or the mean over heads)."""
+    a = np.asarray(trace.attentions, dtype=np.float32)  # [L, H, K]
+    a = a.mean(axis=0) if layer is None else a[layer]
+    return a.mean(axis=0) if head is None else a[head]
+
+
+def text_view(
+    text: str | Sequence[str],
+    roles: Sequence[str],
+    trace=None,
+    layer: int | None = None,
+    head: int | None = None,
+    memory: bool = True,
+    max_chars: int = 6000,
+    unit: str = "character",
+) -> dict:
+    """The text as the browser's text view draws it: runs of equal role, and with a fresh
+    ``trace`` (one that captured attention) the newest token's weight on each key, so that
+    each character is shaded by how much the newest one reads it.
+
+    ``runs`` is a list of [role, first position, text]; a run inside the attention window
+    carries a list of tokens (one span each), others one string. Only the last
+    ``max_chars`` tokens are sent; ``earlier`` counts the rest.
+    """
+    if len(roles) != len(text):
+        raise ValueError(f"{len(roles)} roles for {len(text)} characters")
+    weights, w0 = None, 0
+    if trace is not None and trace.attentions is not None and len(trace.key_positions):
+        w0 = int(trace.key_positions[0])
+        weights = _rounded(text_weights(trace, layer, head), 5)
+    start = max(0, len(text) - max_chars)
+    w_end = w0 + len(weights) if weights is not None else w0
+    runs, i = [], start
+    while i < len(text):
+        j = i + 1
+        while (
+            j < len(text)
+            and roles[j] == roles[i]
+            and (j < w0 or j >= w_end) == (i < w0 or i >= w_end)
+        ):
+            j += 1
+        pieces = text[i:j]
+        weighted = weights is not None and w0 <= i < w_end
+        runs.append([str(roles[i]), i, list(pieces) if weighted else "".join(pieces)])
+        i = j
+    return {
+        "earlier": start,
+        "unit": unit,
+        "memory": bool(memory),
+        "labels": ROLE_LABELS if memory else ROLE_LABELS_NO_MEMORY,
+        "runs": runs,
+        "w0": w0,
+        "w": weights,
+        "layer": "mean over layers" if layer is None else f"layer {layer}",
+        "head": "mean over heads" if head is None else f"head {head}",
+        "pos": int(trace.position) if trace is not None else -1,
+    }
 
 
 def far_keys(key_positions: np.ndarray, query_position: int, far: int) -> int:

@@ -1,0 +1,299 @@
+// The per-step views of txl's app, drawn in the browser from the small dicts that
+// txl/viz.py builds (attention_view, text_view), and Play, which clicks Step after each
+// painted step. Loaded once into the page's <head> by app.py (gr.HTML(head=...)); each
+// view's js_on_load calls TXL.mountAttention / TXL.mountText with Gradio's element,
+// props and watch. Plotly drew the same heatmap in ~400 ms of script per step; a canvas
+// takes a few milliseconds.
+(function () {
+  if (window.TXL) return;
+
+  // Viridis at 9 stops, interpolated: colour = viridis(sqrt(weight)), so that the small
+  // weights that most keys get stay visible (the colour bar is labelled in weights).
+  const VIRIDIS = [
+    [68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
+    [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37],
+  ];
+  function viridis(t) {
+    t = Math.min(1, Math.max(0, t)) * (VIRIDIS.length - 1);
+    const i = Math.min(VIRIDIS.length - 2, Math.floor(t)), f = t - i;
+    const a = VIRIDIS[i], b = VIRIDIS[i + 1];
+    return `rgb(${(a[0] + (b[0] - a[0]) * f) | 0},${(a[1] + (b[1] - a[1]) * f) | 0},${(a[2] + (b[2] - a[2]) * f) | 0})`;
+  }
+  const TICKS = [0, 0.01, 0.1, 0.25, 0.5, 1];
+  const VISIBLE = { "\n": "↵", " ": "␣", "\t": "⇥", "\r": "␍" };
+  const visible = (s) => (s.length === 1 ? VISIBLE[s] || s : s.trim() || s);
+  const pct = (x) => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
+  const weight = (x) => (x >= 0.01 ? x.toFixed(3) : x.toExponential(1));
+
+  // Tell whoever waits (Play, the tests, benchmarks) that a step's view is on screen.
+  function painted(root, pos) {
+    root.dataset.position = String(pos);
+    document.dispatchEvent(new CustomEvent("txl-painted", { detail: { position: pos } }));
+  }
+
+  // ---- attention of the newest token: rows x key columns on a canvas -----------------
+
+  const M = { left: 92, right: 58, top: 30, bottom: 44, row: 22 };
+
+  function layout(v, width) {
+    const cols = v.labels.length;
+    const plotW = Math.max(40, width - M.left - M.right);
+    return { cols, plotW, cw: plotW / Math.max(1, cols), height: M.top + v.rows.length * M.row + M.bottom };
+  }
+
+  function drawAttention(canvas, v) {
+    const width = Math.max(280, canvas.parentElement.clientWidth || 600);
+    const L = layout(v, width);
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.round(width * dpr);
+    canvas.height = Math.round(L.height * dpr);
+    canvas.style.width = width + "px";
+    canvas.style.height = L.height + "px";
+    const g = canvas.getContext("2d");
+    g.setTransform(dpr, 0, 0, dpr, 0, 0);
+    g.fillStyle = "#ffffff"; // opaque, so that the PNG reads on any background
+    g.fillRect(0, 0, width, L.height);
+    g.font = "12px ui-sans-serif, system-ui, sans-serif";
+    g.textBaseline = "middle";
+    // Cells. Columns are at least a pixel wide; neighbours share a pixel when narrower.
+    for (let r = 0; r < v.rows.length; r++) {
+      const y = M.top + r * M.row, row = v.w[r];
+      for (let c = 0; c < L.cols; c++) {
+        g.fillStyle = viridis(Math.sqrt(Math.max(0, row[c])));
+        const x = M.left + c * L.cw;
+        g.fillRect(Math.floor(x), y, Math.max(1, Math.ceil(x + L.cw) - Math.floor(x)), M.row - 2);
+      }
+      g.fillStyle = "#222";
+      g.textAlign = "right";
+      g.fillText(v.rows[r], M.left - 6, y + (M.row - 2) / 2);
+      // The row's share of attention on memory, as a bar and a number on the right.
+      const mx = M.left + L.plotW + 6, share = v.memory ? v.mass[r] : 0;
+      g.fillStyle = "rgba(59,130,246,0.25)";
+      g.fillRect(mx, y + 3, M.right - 10, M.row - 8);
+      g.fillStyle = "#3b82f6";
+      g.fillRect(mx, y + 3, (M.right - 10) * share, M.row - 8);
+      g.fillStyle = "#111";
+      g.textAlign = "left";
+      g.fillText(pct(share), mx + 3, y + (M.row - 2) / 2);
+    }
+    // Title, the memory | current boundary, the column labels (when they fit), colour bar.
+    g.textAlign = "left";
+    g.fillStyle = "#111";
+    const back = v.history && v.history[0] ? ` · ${v.history[0]} steps ago` : "";
+    g.fillText(`newest ${v.unit} '${v.query}' (position ${v.pos})${back} attends to:`, 4, 10);
+    g.textAlign = "center";
+    g.fillStyle = "#555";
+    g.fillText("on memory", M.left + L.plotW + 6 + (M.right - 10) / 2, M.top - 10);
+    const bottom = M.top + v.rows.length * M.row;
+    if (v.memory && v.n_mem_cols > 0 && v.n_mem_cols < L.cols) {
+      const x = M.left + v.n_mem_cols * L.cw;
+      g.strokeStyle = "#ef4444";
+      g.lineWidth = 2;
+      g.setLineDash([5, 3]);
+      g.beginPath();
+      g.moveTo(x, M.top - 6);
+      g.lineTo(x, bottom);
+      g.stroke();
+      g.setLineDash([]);
+      g.fillStyle = "#ef4444";
+      g.textAlign = x > width / 2 ? "right" : "left";
+      g.fillText("memory ◀ │ ▶ current", x + (x > width / 2 ? -4 : 4), M.top - 10);
+    }
+    g.fillStyle = "#333";
+    g.textAlign = "center";
+    if (L.cw >= 9) {
+      for (let c = 0; c < L.cols; c++) g.fillText(v.labels[c].slice(0, 2), M.left + (c + 0.5) * L.cw, bottom + 9);
+    } else {
+      g.textAlign = "left";
+      g.fillText(`${v.n_keys} keys ← older`, M.left, bottom + 9);
+      g.textAlign = "right";
+      g.fillText("newer →", M.left + L.plotW, bottom + 9);
+    }
+    const barW = Math.min(220, L.plotW), bx = M.left, by = bottom + 22;
+    for (let i = 0; i < barW; i++) {
+      g.fillStyle = viridis(i / (barW - 1));
+      g.fillRect(bx + i, by, 1.5, 8);
+    }
+    g.fillStyle = "#333";
+    g.font = "10px ui-sans-serif, system-ui, sans-serif";
+    g.textAlign = "center";
+    for (const t of TICKS) g.fillText(String(t), bx + Math.sqrt(t) * (barW - 1), by + 15);
+    g.textAlign = "left";
+    g.fillText("weight", bx + barW + 8, by + 4);
+    return L;
+  }
+
+  function mountAttention(element, props, watch) {
+    const root = element.querySelector(".txl-att");
+    const canvas = root.querySelector("canvas");
+    const tip = root.querySelector(".txl-tip");
+    const empty = root.querySelector(".txl-empty");
+    let v = null, L = null;
+    function render() {
+      v = props.value && typeof props.value === "object" && props.value.w ? props.value : null;
+      canvas.style.display = v ? "block" : "none";
+      empty.style.display = v ? "none" : "block";
+      tip.style.display = "none";
+      if (!v) {
+        delete root.dataset.position;
+        return;
+      }
+      L = drawAttention(canvas, v);
+      painted(root, v.pos);
+    }
+    canvas.addEventListener("mousemove", (e) => {
+      if (!v) return;
+      const box = canvas.getBoundingClientRect();
+      const x = e.clientX - box.left, y = e.clientY - box.top;
+      const c = Math.floor((x - M.left) / L.cw), r = Math.floor((y - M.top) / M.row);
+      if (c < 0 || c >= L.cols || r < 0 || r >= v.rows.length) {
+        tip.style.display = "none";
+        return;
+      }
+      const a = v.first[c], b = v.last[c];
+      const side = v.memory && c < v.n_mem_cols ? "memory" : "current";
+      const keys = a === b ? `key '${v.labels[c]}' at ${a}, ${v.pos - a} back`
+        : `keys ${a}–${b} '${v.labels[c]}', ${v.pos - b}–${v.pos - a} back`;
+      tip.textContent = `${v.rows[r]} · query '${v.query}' (${v.pos}) → ${keys} (${side}) · weight ${weight(v.w[r][c])}`;
+      tip.style.display = "block";
+      tip.style.left = Math.min(x + 12, box.width - 260) + "px";
+      tip.style.top = y + 14 + "px";
+    });
+    canvas.addEventListener("mouseleave", () => (tip.style.display = "none"));
+    root.querySelector(".txl-png").addEventListener("click", () => {
+      if (!v) return;
+      const a = document.createElement("a");
+      a.href = canvas.toDataURL("image/png");
+      a.download = `attention-pos${v.pos}.png`;
+      a.click();
+    });
+    new ResizeObserver(() => v && (L = drawAttention(canvas, v))).observe(root);
+    watch("value", render);
+    render();
+  }
+
+  // ---- the text, shaded by the newest token's attention ------------------------------
+
+  function mountText(element, props, watch) {
+    const root = element.querySelector(".txl-textview");
+    const body = root.querySelector(".txl-text");
+    const legend = root.querySelector(".txl-legend");
+    const tip = root.querySelector(".txl-tip");
+    let v = null;
+    const esc = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    function render() {
+      v = props.value && typeof props.value === "object" && props.value.runs ? props.value : null;
+      tip.style.display = "none";
+      if (!v) {
+        body.innerHTML = '<span class="txl-hint">(no text yet: type a prompt, then Step, Play or Generate)</span>';
+        legend.innerHTML = "";
+        delete root.dataset.position;
+        return;
+      }
+      const roles = v.memory ? ["gone", "memory", "current", "newest"] : ["gone", "current", "newest"];
+      legend.innerHTML = roles.map((r) => `<span class="txl-r-${r}">${esc(v.labels[r])}</span>`).join(" ")
+        + (v.w ? ` <span class="txl-heat-key">shade: attention of the newest ${esc(v.unit)} (${esc(v.layer)}, ${esc(v.head)})</span>` : "");
+      const out = [];
+      if (v.earlier) out.push(`<span class="txl-r-gone">[… ${v.earlier.toLocaleString()} earlier ${esc(v.unit)}s]\n</span>`);
+      for (const [role, start, text] of v.runs) {
+        if (typeof text === "string") {
+          out.push(`<span class="txl-r-${role}">${esc(text)}</span>`);
+          continue;
+        }
+        for (let k = 0; k < text.length; k++) {
+          const i = start + k, w = v.w[i - v.w0];
+          let t = text[k];
+          if (role === "newest" && (t === "\n" || t === " ")) t = t === "\n" ? "↵\n" : "␣";
+          // Background alpha ~ sqrt(weight): the colour scale of the attention view.
+          const shade = role === "newest" ? "" : ` style="background:rgba(124,58,237,${(0.06 + 0.9 * Math.sqrt(w)).toFixed(3)})"`;
+          out.push(`<span class="txl-r-${role} txl-k" data-i="${i}"${shade}>${esc(t)}</span>`);
+        }
+      }
+      body.innerHTML = out.join("");
+      if (v.pos >= 0) painted(root, v.pos);
+      else delete root.dataset.position;
+    }
+    body.addEventListener("mouseover", (e) => {
+      const span = e.target.closest(".txl-k");
+      if (!v || !span) return;
+      const i = Number(span.dataset.i), w = v.w[i - v.w0];
+      const box = root.getBoundingClientRect(), s = span.getBoundingClientRect();
+      tip.textContent = `'${visible(span.textContent.replace("↵\n", "\n"))}' at ${i} · ${v.pos - i} back · weight ${weight(w)}`;
+      tip.style.display = "block";
+      tip.style.left = Math.min(s.left - box.left, box.width - 240) + "px";
+      tip.style.top = s.bottom - box.top + root.scrollTop + 4 + "px";
+    });
+    body.addEventListener("mouseleave", () => (tip.style.display = "none"));
+    watch("value", render);
+    render();
+  }
+
+  // ---- Play: Step after Step, each sent when the previous one is painted ------------
+  //
+  // The page drives Play, not the server: each step is an ordinary Step request, so the
+  // server holds no loop (closing the tab stops it) and visitors share the queue fairly.
+
+  const play = { on: false };
+  function setPlaying(on) {
+    play.on = on;
+    const button = document.querySelector("#play");
+    if (button) {
+      button.textContent = on ? "Pause" : "Play";
+      button.classList.toggle("txl-playing", on);
+    }
+  }
+  function nextPaint(timeoutMs) {
+    return new Promise((resolve) => {
+      const done = (ok) => {
+        clearTimeout(timer);
+        document.removeEventListener("txl-painted", onPaint);
+        document.removeEventListener("txl-error", onError);
+        resolve(ok);
+      };
+      const onPaint = (e) => e.target === document && done(true);
+      const onError = () => done(false);
+      const timer = setTimeout(() => done(false), timeoutMs);
+      document.addEventListener("txl-painted", onPaint);
+      document.addEventListener("txl-error", onError);
+    });
+  }
+  async function loop() {
+    while (play.on) {
+      const step = document.querySelector("#step");
+      if (!step) break;
+      const painted = nextPaint(20000);
+      play.clicking = true;
+      step.click();
+      play.clicking = false;
+      if (!(await painted)) break; // an error (the text cap, say) or no answer: stop
+    }
+    setPlaying(false);
+  }
+  function togglePlay() {
+    if (play.on) return setPlaying(false);
+    setPlaying(true);
+    loop();
+  }
+  // Reset, Load, Generate and Continue stop Play; so does a Step clicked by hand.
+  document.addEventListener(
+    "click",
+    (e) => {
+      if (!play.on) return;
+      const id = e.target.closest && e.target.closest("button")?.id;
+      if (["reset", "load", "generate", "continue"].includes(id)) setPlaying(false);
+      if (id === "step" && !play.clicking) setPlaying(false);
+    },
+    true,
+  );
+  // An error toast means the last request failed: Play must not wait for a paint.
+  new MutationObserver((records) => {
+    for (const r of records)
+      for (const n of r.addedNodes)
+        if (n.nodeType === 1 && (n.matches?.('[data-testid="toast-body"], .toast-body') || n.querySelector?.('[data-testid="toast-body"]'))) {
+          if (/error/i.test(n.className + " " + (n.querySelector?.("[class*=error]")?.className || "") + n.textContent.slice(0, 5)))
+            document.dispatchEvent(new CustomEvent("txl-error"));
+        }
+  }).observe(document.body, { childList: true, subtree: true });
+
+  window.TXL = { mountAttention, mountText, togglePlay, viridis };
+})();
