@@ -6,6 +6,10 @@ One function serves both ``python -m txl.evaluate`` (the validation loss) and
 
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -158,3 +162,65 @@ def memory_nll(
     # stream_nll of ids[0:stop] gives tokens 1 .. stop-1: column j is token j + 1.
     nll = stream_nll(model, ids[:stop].view(1, -1), seg_len, mem_len, progress=progress, desc=desc)
     return nll[0, start - 1 :]
+
+
+# ---- how far back does the model read? ------------------------------------------------
+
+# The memory lengths of the app's "How far back does it read?" chart.
+CONTEXT_SWEEP_LENGTHS = (0, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def mean_or_nan(bits: Tensor) -> float:
+    """Mean of a 1-D tensor, NaN when empty (a text too short to score)."""
+    return bits.mean().item() if bits.numel() else float("nan")
+
+
+@dataclass
+class ContextSweep:
+    """Bits per char of one text against memory length (segments of seg_len throughout)."""
+
+    mem_lens: list[int]  # ascending
+    bpc: list[float]  # bpc[i] at memory mem_lens[i] (0 = segments read alone)
+    seconds: list[float]
+    seg_len: int
+    effective: int | None  # the shortest memory within ``tolerance`` of the best bpc
+    tolerance: float  # relative: 0.01 = within 1 %
+
+
+def effective_context(mem_lens, bpc, tolerance: float = 0.01) -> int | None:
+    """The shortest memory length whose bpc is within ``tolerance`` (relative) of the best:
+    bpc <= min(bpc) * (1 + tolerance). Beyond it a longer memory buys (almost) nothing.
+    None when there is no finite bpc."""
+    pairs = [(n, b) for n, b in zip(mem_lens, bpc) if math.isfinite(b)]
+    if not pairs:
+        return None
+    best = min(b for _, b in pairs)
+    return min(n for n, b in pairs if b <= best * (1 + tolerance))
+
+
+def context_sweep(
+    model: TransformerXL,
+    ids: Tensor,
+    seg_len: int,
+    mem_lens=CONTEXT_SWEEP_LENGTHS,
+    tolerance: float = 0.01,
+) -> ContextSweep:
+    """Bits per token of ids [L] (one stream) read in segments of ``seg_len`` with each
+    memory length of ``mem_lens``, each timed, and the effective context (the shortest
+    memory within ``tolerance`` of the best bpc)."""
+    lengths = sorted(set(mem_lens))
+    streams = ids.view(1, -1)  # [1, L]
+    bpc, seconds = [], []
+    for n in lengths:
+        t0 = time.perf_counter()
+        bits = stream_nll(model, streams, seg_len, n)[0] / math.log(2)
+        seconds.append(time.perf_counter() - t0)
+        bpc.append(mean_or_nan(bits))
+    return ContextSweep(
+        mem_lens=lengths,
+        bpc=bpc,
+        seconds=seconds,
+        seg_len=seg_len,
+        effective=effective_context(lengths, bpc, tolerance),
+        tolerance=tolerance,
+    )
