@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     ids = torch.tensor(model.tokenizer.encode(val))
     start, stop = result["positions"]
     seg, mem = model.config.tgt_len, model.config.mem_len
-    checks = [(row_label(seg, window=int(w)), r["loss"], direct_sliding(model, ids, int(w), start, stop))
+    checks = [(row_label(seg, window=int(w)), r["loss"],
+               direct_sliding(model, ids, int(w), start, stop))
               for w, r in result["sliding"].items()]
     checks += [(row_label(seg, mem_len=n), row["loss"],
                 direct_memory(model, ids, seg, n, start, stop))
