@@ -255,6 +255,7 @@ def test_surprisal_figure_three_curves_with_times():
 
 def test_score_markdown_names_every_baseline():
     text = viz.score_markdown(score_result(), 32, 64)
+    assert "**100 characters** scored in bits per character" in text
     assert "segments of 32 read alone" in text and "sliding window of 32" in text
     assert "Memory vs segments read alone: saves 1.000 bpc" in text
     assert "Memory vs the sliding window of 32: saves 0.250 bpc, 50x faster" in text

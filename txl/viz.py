@@ -740,7 +740,8 @@ def score_markdown(result, seg_len: int, mem_len: int, unit: str = "character") 
     window = getattr(result, "window", 0) or seg_len
     t = {k: _seconds(getattr(result, f"seconds_{k}", None)) for k in ("with", "without", "sliding")}
     lines = [
-        f"**{n:,} {unit}s** scored, three ways of predicting each {unit} from the ones before it:",
+        f"**{n:,} {unit}s** scored in bits per {unit} ({short}: lower is better), three "
+        f"ways of predicting each {unit} from the ones before it:",
         f"- **segments of {seg_len} read alone** (no memory): "
         f"**{result.bpc_without:.3f}** {short}{t['without']}. The first {unit} of every "
         f"segment starts from nothing.",
