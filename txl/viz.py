@@ -705,8 +705,8 @@ def surprisal_figure(
     if bits_sliding is not None:
         gains.append(f"{bpc_sliding - bpc_with:+.3f} vs the {names['sliding']}")
     title = (
-        f"Surprisal per character: {bpc_with:.3f} bpc with memory; bits saved per char: "
-        + ", ".join(gains)
+        f"Surprisal per character: {bpc_with:.3f} bpc with memory<br>"
+        "bits saved per char by memory: " + ", ".join(gains)
         if np.isfinite(bpc_with)
         else "Surprisal per character"
     )
@@ -719,7 +719,7 @@ def surprisal_figure(
                 "yaxis": {"title": {"text": "surprisal (bits)"}, "rangemode": "tozero"},
                 "shapes": shapes,
                 "height": 400,
-                "margin": {"l": 10, "r": 10, "t": 50, "b": 40},
+                "margin": {"l": 10, "r": 10, "t": 64, "b": 40},
                 "legend": {"orientation": "h", "y": -0.2},
                 "hovermode": "closest",
                 **_TRANSPARENT,
@@ -931,6 +931,18 @@ def context_figure(sweep, unit: str = "character", sliding_bpc: float | None = N
                 "y1": best * (1 + sweep.tolerance),
                 "fillcolor": "rgba(59,130,246,0.12)",
                 "line": {"width": 0},
+            }
+        )
+        annotations.append(
+            {
+                "x": 1,
+                "xref": "paper",
+                "y": best * (1 + sweep.tolerance),
+                "text": f"within {sweep.tolerance:.0%} of the best",
+                "showarrow": False,
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "font": {"size": 10, "color": MEMORY_COLOR},
             }
         )
     if sweep.effective is not None:
