@@ -213,3 +213,13 @@ def test_summary_names_every_baseline(model):
     text = summary(result)
     assert "vs segments of 4 read alone" in text
     assert "sliding window of 4" in text and "faster per token" in text
+
+
+def test_format_table_reads_an_untimed_result():
+    """An eval.json written before the rows were timed still prints."""
+    row = {"mem_len": 0, "loss": 1.5, "bpc": 1.5 / math.log(2)}
+    old = {"tgt_len": 64, "train_mem_len": 128, "tokens": 100, "n_streams": 8,
+           "without_memory": row, "with_memory": dict(row, mem_len=128),
+           "sweep": [row, dict(row, mem_len=128)]}
+    table = format_table(old)
+    assert "| segments of 64 + memory of 128 | 1.5000 | 2.1640 | - | - |" in table

@@ -220,10 +220,10 @@ def format_table(result: dict) -> str:
         "|:--|--:|--:|--:|--:|",
     ]
     for label, r in rows:
-        lines.append(
-            f"| {label} | {r['loss']:.4f} | {r['bpc']:.4f} | {r['seconds']:.1f} "
-            f"| {r['ms_per_token']:.3f} |"
-        )
+        # Results recorded before the rows were timed (an old eval.json) have no times.
+        seconds = f"{r['seconds']:.1f}" if "seconds" in r else "-"
+        ms = f"{r['ms_per_token']:.3f}" if "ms_per_token" in r else "-"
+        lines.append(f"| {label} | {r['loss']:.4f} | {r['bpc']:.4f} | {seconds} | {ms} |")
     return "\n".join(lines)
 
 
