@@ -476,3 +476,70 @@ def test_any_text_feeds_cleanly(prompt, more, vocab, memory):
     assert end == len(s.ids) and end - start == (min(5, len(s.ids)) if memory else 0)
     assert s.step(capture=False).position == len(s.ids) - 1
 
+
+
+# ---- three ways of reading, and how far back ----------------------------------------------
+
+
+def test_score_carries_the_sliding_window_and_times(peaky):
+    from tests.test_evaluate import direct_sliding
+
+    s = Session(peaky, mem_len=6, seg_len=4)
+    result = s.score(TEXT)
+    ids = torch.tensor(peaky.tokenizer.encode(TEXT))
+    expected = direct_sliding(peaky, ids, 4) / math.log(2)  # window = seg_len, in bits
+    np.testing.assert_allclose(result.bits_sliding, expected.numpy(), atol=1e-5)
+    assert math.isclose(result.bpc_sliding, result.bits_sliding.mean(), abs_tol=1e-6)
+    assert (result.window, result.seg_len, result.mem_len) == (4, 4, 6)
+    for seconds in (result.seconds_with, result.seconds_without, result.seconds_sliding):
+        assert 0 < seconds < 60
+    # Within the first segment all three read exactly the same prefix.
+    np.testing.assert_allclose(result.bits_sliding[:3], result.bits_without[:3], atol=1e-5)
+    # After it the window always sees 4 chars, a segment read alone only 1..4.
+    assert not np.allclose(result.bits_sliding[4:], result.bits_without[4:], atol=1e-3)
+    assert math.isnan(s.score(TEXT, sliding=False).bpc_sliding)
+
+
+def test_score_three_ways_agree_when_one_segment_holds_the_text(peaky):
+    """seg_len >= the text: one segment, nothing before it: the window, the segment alone
+    and the segment with memory all see every earlier char."""
+    result = Session(peaky, mem_len=6, seg_len=len(TEXT)).score(TEXT)
+    np.testing.assert_allclose(result.bits_with, result.bits_without, atol=1e-5)
+    np.testing.assert_allclose(result.bits_sliding, result.bits_without, atol=1e-5)
+    assert result.bits_sliding.shape == (len(TEXT) - 1,)
+
+
+def test_score_of_short_texts_has_empty_sliding_bits(peaky):
+    for text in ("", "a", "XYZ"):
+        result = Session(peaky).score(text)
+        assert result.bits_sliding.shape == (0,) and math.isnan(result.bpc_sliding)
+
+
+def test_context_sweep_lengths_and_effective_context(peaky):
+    from txl.scoring import CONTEXT_SWEEP_LENGTHS, effective_context
+
+    s = Session(peaky, mem_len=6, seg_len=4)
+    before = state(s)
+    sweep = s.context_sweep(TEXT, (8, 0, 2, 8))
+    assert same_state(before, state(s))
+    assert sweep.mem_lens == [0, 2, 8] and len(sweep.bpc) == len(sweep.seconds) == 3
+    ids = torch.tensor(peaky.tokenizer.encode(TEXT))
+    for n, bpc in zip(sweep.mem_lens, sweep.bpc):
+        loss = evaluate_loss(peaky, ids, 4, n, n_streams=1)
+        assert math.isclose(bpc * math.log(2), loss, abs_tol=1e-6)
+    assert sweep.effective == effective_context(sweep.mem_lens, sweep.bpc, 0.01)
+    assert Session(peaky).context_sweep("ab").mem_lens == list(CONTEXT_SWEEP_LENGTHS)
+    with pytest.raises(ValueError):
+        s.context_sweep(TEXT, (0, -1))
+
+
+def test_effective_context_rule():
+    from txl.scoring import effective_context
+
+    lengths = [0, 16, 32, 64, 128]
+    # best 2.00 at 128; 2.015 at 32 is within 1 % (<= 2.02), 2.03 at 16 is not
+    assert effective_context(lengths, [3.0, 2.03, 2.015, 2.01, 2.0]) == 32
+    assert effective_context(lengths, [3.0, 2.03, 2.015, 2.01, 2.0], tolerance=0.001) == 128
+    assert effective_context(lengths, [2.0, 2.5, 2.5, 2.5, 2.5]) == 0  # memory never helps
+    assert effective_context([0, 8], [math.nan, 1.0]) == 8
+    assert effective_context([0, 8], [math.nan, math.nan]) is None

@@ -186,9 +186,10 @@ def test_surprisal_figure_and_rolling_mean():
         viz.surprisal_figure(["a"] * 100, bits_with, bits_without, 1.0, 2.0, seg_len=32)
     )
     names = [t.name for t in fig.data]
-    assert "with memory: 1.000 bpc" in names and "without memory: 2.000 bpc" in names
+    # The old positional call (no sliding window, no times): two curves, baselines named.
+    assert "with memory: 1.000 bpc" in names and "segments of 32 read alone: 2.000 bpc" in names
     assert len([s for s in fig.layout.shapes if s.type == "line"]) == 3  # segment starts
-    assert "+1.000 bits saved" in fig.layout.title.text
+    assert "+1.000 vs segments of 32 read alone" in fig.layout.title.text
     with pytest.raises(ValueError):
         viz.surprisal_figure(["a"], bits_with, bits_without, 1.0, 2.0)
 
@@ -222,3 +223,62 @@ def test_status_markdown():
     assert "**65**" in line and "2.3 ms" in line
     off = {"memory": False, "tokens": 0, "mem_len": 128, "bytes": 0, "context": 64}
     assert "Memory **off**" in viz.status_markdown(off, 200)
+
+
+def score_result(n=100, sliding=True):
+    return SimpleNamespace(
+        chars=["a"] * n, bits_with=np.full(n, 1.0), bits_without=np.full(n, 2.0),
+        bpc_with=1.0, bpc_without=2.0, dropped=[],
+        bits_sliding=np.full(n, 1.25) if sliding else None, bpc_sliding=1.25 if sliding else
+        float("nan"), window=32, seg_len=32, mem_len=64,
+        seconds_with=0.05, seconds_without=0.04, seconds_sliding=2.5 if sliding else
+        float("nan"),
+    )
+
+
+def test_surprisal_figure_three_curves_with_times():
+    fig = validated(viz.surprisal_figure_from_result(score_result()))
+    names = [t.name for t in fig.data if t.showlegend is not False]
+    assert names == [
+        "segments of 32 read alone: 2.000 bpc (40 ms)",
+        "sliding window of 32: 1.250 bpc (2.5 s)",
+        "segments of 32 + memory of 64: 1.000 bpc (50 ms)",
+    ]
+    assert len(fig.data) == 6  # raw and rolling mean of each
+    assert "+1.000 vs segments of 32 read alone" in fig.layout.title.text
+    assert "+0.250 vs the sliding window of 32" in fig.layout.title.text
+    two = validated(viz.surprisal_figure_from_result(score_result(sliding=False)))
+    assert len([t for t in two.data if t.showlegend is not False]) == 2
+    with pytest.raises(ValueError):
+        viz.surprisal_figure(["a"] * 3, np.ones(3), np.ones(3), 1, 1, bits_sliding=np.ones(2))
+
+
+def test_score_markdown_names_every_baseline():
+    text = viz.score_markdown(score_result(), 32, 64)
+    assert "**100 characters** scored in bits per character" in text
+    assert "segments of 32 read alone" in text and "sliding window of 32" in text
+    assert "Memory vs segments read alone: saves 1.000 bpc" in text
+    assert "Memory vs the sliding window of 32: saves 0.250 bpc, 50x faster" in text
+    r = score_result()
+    r.bpc_sliding = 1.005
+    assert "about the same" in viz.score_markdown(r, 32, 64)
+    r.bpc_sliding = 0.9
+    assert "costs 0.100 bpc more" in viz.score_markdown(r, 32, 64)
+    old = viz.score_markdown(score_result(sliding=False), 32, 64)  # a result without one
+    assert "sliding" not in old and "saves 1.000 bpc" in old
+
+
+def test_context_figure_marks_the_effective_context():
+    sweep = SimpleNamespace(mem_lens=[0, 16, 32, 64, 1024], bpc=[3.0, 2.5, 2.01, 2.0, 2.0],
+                            seconds=[0.1] * 5, seg_len=64, effective=32, tolerance=0.01)
+    fig = validated(viz.context_figure(sweep, sliding_bpc=2.2))
+    x = viz.context_axis(sweep.mem_lens)
+    np.testing.assert_allclose(x, [3, 4, 5, 6, 10])  # log2, and 0 one step left of 16
+    assert list(fig.layout.xaxis.ticktext) == ["0", "16", "32", "64", "1,024"]
+    line = [s for s in fig.layout.shapes if s.type == "line"][0]
+    assert line.x0 == 5  # at memory 32
+    assert any("effective context: 32" in a.text for a in fig.layout.annotations)
+    assert len(fig.data) == 2 and "sliding window of 64" in fig.data[1].name
+    assert "Effective context: 32" in viz.context_markdown(sweep)
+    assert isinstance(viz.SCORE_HELP, str) and "sliding window" in viz.SCORE_HELP.lower()
+    assert "effective context" in viz.CONTEXT_HELP.lower()

@@ -43,7 +43,14 @@ from torch import Tensor
 
 from .model import KVMemory, TransformerXL
 from .sampling import sample_next
-from .scoring import stream_nll
+from .scoring import (
+    CONTEXT_SWEEP_LENGTHS,
+    ContextSweep,
+    context_sweep,
+    mean_or_nan,
+    sliding_nll,
+    stream_nll,
+)
 
 LN2 = math.log(2)
 
@@ -64,12 +71,29 @@ class StepTrace:
 
 @dataclass
 class ScoreResult:
+    """One text scored three ways (all arrays [len(text) - 1], bits; bpc = their mean, NaN
+    when nothing was scored; seconds = wall time of each way):
+
+    - with: segments of seg_len read in order, each over a memory of mem_len (Transformer-XL);
+    - without: the same segments, each read alone (no memory): context fragmentation;
+    - sliding: every char predicted from exactly the ``window`` chars before it (the
+      vanilla baseline), recomputed for each char, no memory.
+    """
+
     chars: list[str]  # the characters of the text that were scored (positions 1..)
     bits_with: np.ndarray  # [len(text) - 1] surprisal of each char with memory, in bits
-    bits_without: np.ndarray
+    bits_without: np.ndarray  # segments read alone
     bpc_with: float  # mean of bits_with (NaN when nothing was scored)
     bpc_without: float
     dropped: list[str]  # unknown chars removed/replaced before scoring
+    bits_sliding: np.ndarray | None = None  # sliding window of ``window`` chars
+    bpc_sliding: float = math.nan
+    window: int = 0  # the sliding window's length (the session's seg_len)
+    seg_len: int = 0
+    mem_len: int = 0
+    seconds_with: float = math.nan
+    seconds_without: float = math.nan
+    seconds_sliding: float = math.nan
 
 
 # ---- validation: every setting is checked before anything changes -----------------------
@@ -428,26 +452,67 @@ class Session:
             "history_bytes": self._history_bytes,
         }
 
-    def score(self, text: str) -> ScoreResult:
-        """Surprisal of each character of text given the ones before it, read in segments
-        of seg_len with mem_len positions of memory, and with none (each segment alone).
+    def score(self, text: str, sliding: bool = True) -> ScoreResult:
+        """Surprisal of each character of text given the ones before it, three ways: read
+        in segments of seg_len with mem_len positions of memory; the same segments each
+        read alone; and (``sliding``) a sliding window of seg_len chars recomputed for every
+        char (seg_len times the work of the others). Each way is timed.
         The session's own text and memory are not touched."""
         ids, unknown = self.encode(text)
-        streams = torch.tensor([ids], dtype=torch.long).view(1, -1)  # [1, L]
-        with_memory = stream_nll(self.model, streams, self._seg_len, self._mem_len)[0] / LN2
-        without = stream_nll(self.model, streams, self._seg_len, 0)[0] / LN2
+        ids = torch.tensor(ids, dtype=torch.long)  # [L]
+        streams = ids.view(1, -1)  # [1, L]: one stream
 
-        def mean(bits: Tensor) -> float:
-            return bits.mean().item() if bits.numel() else float("nan")
+        if len(ids) > 1:  # warm up (threads, the position table): else the first way timed
+            stream_nll(self.model, streams[:, : self._seg_len + 1], self._seg_len, 0)  # pays
+
+        def timed(fn):
+            t0 = time.perf_counter()
+            bits = fn() / LN2
+            return bits, time.perf_counter() - t0
+
+        with_memory, s_with = timed(
+            lambda: stream_nll(self.model, streams, self._seg_len, self._mem_len)[0]
+        )
+        without, s_without = timed(lambda: stream_nll(self.model, streams, self._seg_len, 0)[0])
+        bits_sliding, s_sliding = None, math.nan
+        if sliding:
+            bits_sliding, s_sliding = timed(
+                lambda: (
+                    sliding_nll(self.model, ids, self._seg_len) if len(ids) > 1 else torch.zeros(0)
+                )
+            )
 
         return ScoreResult(
-            chars=self.tokenizer.pieces(ids)[1:],
+            chars=self.tokenizer.pieces(ids.tolist())[1:],
             bits_with=with_memory.numpy(),
             bits_without=without.numpy(),
-            bpc_with=mean(with_memory),
-            bpc_without=mean(without),
+            bpc_with=mean_or_nan(with_memory),
+            bpc_without=mean_or_nan(without),
             dropped=unknown,
+            bits_sliding=None if bits_sliding is None else bits_sliding.numpy(),
+            bpc_sliding=math.nan if bits_sliding is None else mean_or_nan(bits_sliding),
+            window=self._seg_len,
+            seg_len=self._seg_len,
+            mem_len=self._mem_len,
+            seconds_with=s_with,
+            seconds_without=s_without,
+            seconds_sliding=s_sliding,
         )
+
+    def context_sweep(
+        self,
+        text: str,
+        mem_lens=CONTEXT_SWEEP_LENGTHS,
+        tolerance: float = 0.01,
+    ) -> ContextSweep:
+        """Bits per char of text read in segments of seg_len with each memory length of
+        ``mem_lens`` ("how far back does it read?"), and the effective context: the
+        shortest memory within ``tolerance`` (1 %) of the best bpc. The session's own text
+        and memory are not touched."""
+        lengths = [_as_int("mem_len", n, 0) for n in mem_lens]
+        ids, _ = self.encode(text)
+        ids = torch.tensor(ids, dtype=torch.long)  # [L]
+        return context_sweep(self.model, ids, self._seg_len, lengths, tolerance)
 
     def __repr__(self) -> str:
         info = self.memory_info()
