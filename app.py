@@ -58,6 +58,7 @@ from txl.session import Session  # noqa: E402
 
 MAX_NEW_TOKENS = 500  # per Generate call
 MAX_SCORE_CHARS = 20_000
+MAX_SLIDING_CHARS = 5_000  # the score tab's sliding window: ~5 ms per character here
 MAX_SOURCE_CHARS = 256  # the Load box: a Hub id is at most 96 + 1 + 96 characters
 STREAM_EVERY_S = 0.08  # Generate sends the text at most this often
 HEATMAP_COLUMNS = 160  # more keys than this are summed into buckets (mem_len 128 + 1 fits)
@@ -232,7 +233,8 @@ class TXLApp(Server):
             return self.all_views(state, None, None)
 
     def score(self, text, mem_len, state):
-        """Per-character surprisal of text with and without memory, and the bpc of each."""
+        """The text read three ways (segments alone, a sliding window of the segment
+        length, memory) and with memories of 0 to 1,024: charts, words and numbers."""
         state = self.ensure(state)
         text = text or ""
         if len(text) > MAX_SCORE_CHARS:
@@ -242,19 +244,26 @@ class TXLApp(Server):
         with user_errors():
             mem_len = min(as_int("mem_len", mem_len, 0, MAX_MEM_LEN), self.mem_cap(state.model))
             scorer = Session(state.model, mem_len=mem_len)  # the user's text stays untouched
-            result = scorer.score(text)
+            # The sliding window runs the model once per character: seg_len times the work.
+            result = scorer.score(text, sliding=len(text) <= MAX_SLIDING_CHARS)
+            sweep = scorer.context_sweep(text) if result.chars else None
         if not result.chars:
             raise gr.Error("Nothing to score: paste at least two characters the model knows.")
-        fig = viz.surprisal_figure(
-            result.chars,
-            result.bits_with,
-            result.bits_without,
-            result.bpc_with,
-            result.bpc_without,
-            seg_len=scorer.seg_len,
+        unit = scorer.tokenizer.unit
+        summary = viz.score_markdown(result, scorer.seg_len, mem_len, unit=unit)
+        if result.bits_sliding is None:
+            summary += (
+                f"\n\n(The sliding window is computed for texts of up to "
+                f"{MAX_SLIDING_CHARS:,} characters: it runs the model once per character.)"
+            )
+        return (
+            viz.surprisal_figure_from_result(result),
+            summary,
+            viz.score_numbers(result, sweep),
+            viz.context_figure(sweep, unit=unit, sliding_bpc=result.bpc_sliding),
+            viz.context_markdown(sweep, unit=unit),
+            state,
         )
-        summary = viz.score_markdown(result, scorer.seg_len, mem_len, unit=scorer.tokenizer.unit)
-        return fig, summary, state
 
     def load_model(self, source, state, progress=gr.Progress()):  # noqa: B008 (Gradio's way)
         """Load a model (a folder or a Hub repo id) for this browser session only; on
@@ -467,10 +476,10 @@ class TXLApp(Server):
         return ui
 
     def score_tab(self) -> dict:
-        """A text, a Score button, the surprisal chart and the bpc with / without memory."""
+        """A text and a Score button; the text read three ways (segments alone, a sliding
+        window, memory) with the time each took; and how far back the model reads."""
         mem_len = self.start_mem_len(self.default_model) if self.default_model else 0
         ui = {}
-        gr.Markdown(SCORE_HELP)
         with gr.Row():
             with gr.Column(scale=4, min_width=300):
                 ui["score_text"] = gr.Textbox(
@@ -488,11 +497,19 @@ class TXLApp(Server):
                     inputs=[ui["score_text"]],
                     example_labels=["Romeo and Juliet, the balcony scene", "A quatrain, twice"],
                 )
+                gr.Markdown(viz.SCORE_HELP)
             with gr.Column(scale=6, min_width=300):
                 ui["score_md"] = gr.Markdown(label="bits per character", elem_id="score_summary")
                 ui["score_plot"] = gr.Plot(
                     show_label=False, label="Surprisal per character", elem_id="score_plot"
                 )
+                ui["context_md"] = gr.Markdown(elem_id="context_summary")
+                ui["context_plot"] = gr.Plot(
+                    show_label=False, label="How far back does it read?", elem_id="context_plot"
+                )
+                gr.Markdown(viz.CONTEXT_HELP)
+                with gr.Accordion("The numbers (JSON)", open=False):
+                    ui["score_numbers"] = gr.JSON(label="scores", elem_id="score_numbers")
         return ui
 
     def wire(self, ui: dict, state: gr.State) -> None:
@@ -523,7 +540,8 @@ class TXLApp(Server):
         ui["score"].click(
             self.score,
             [ui["score_text"], ui["score_mem"], state],
-            [ui["score_plot"], ui["score_md"], state],
+            [ui[k] for k in ("score_plot", "score_md", "score_numbers")]
+            + [ui["context_plot"], ui["context_md"], state],
             api_name="score",
             concurrency_limit=2,
         )
@@ -600,13 +618,6 @@ row's share of attention on memory. Beyond 160 keys, columns sum buckets of neig
 keys. Hover a cell, or a character of the text, for its weight and distance; **⤓ PNG** \
 saves the view. **Play** steps on by itself until you click it again; the **step \
 history** slider shows any of the last 256 steps over the text as it was then.
-"""
-
-SCORE_HELP = """\
-Paste a text and score it: the model reads it in segments, once carrying its memory from \
-one segment to the next and once with each segment alone. The chart shows the surprisal of \
-every character (bits, lower is better); the dotted lines mark segment starts, where the \
-memory-less model starts from nothing.
 """
 
 CSS = (

@@ -4,19 +4,20 @@ Everything here works on numpy arrays, strings and (duck-typed) ``txl.session.St
 ``ScoreResult`` objects; nothing imports Gradio, so the figures can be tested and reused
 outside the app.
 
-- :func:`text_roles` / :func:`text_html`: the text so far, each character coloured by its
-  role for the next prediction: fallen out of memory, in memory, in the current segment,
-  the newest token.
-- :func:`attention_heatmap`: the newest token's attention over its keys [memory | current],
-  rows = layers (or heads), keys beyond ``max_cols`` summed into buckets.
-- :func:`memory_mass_figure`: per layer, the share of attention that goes to memory.
-- :func:`surprisal_figure`: per-character surprisal with and without memory.
-- :func:`attention_export` / :func:`step_summary`: the same data as plain JSON.
+- :func:`text_roles`: each character's role for the next prediction: fallen out of memory,
+  in memory, in the current segment, the newest token.
+- :func:`text_view` / :func:`attention_view`: the two views a Step redraws, as small dicts
+  that the browser draws (txl/web/views.js): the text shaded by the newest token's
+  attention, and that attention over its keys [memory | current], rows = layers (or
+  heads), keys beyond ``max_cols`` summed into buckets.
+- :func:`surprisal_figure` / :func:`context_figure` (Plotly: drawn once per Score): the
+  text read three ways (segments alone, a sliding window, memory), and bits per character
+  against the memory length.
+- :func:`attention_export` / :func:`step_summary` / :func:`score_numbers`: plain JSON.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 
@@ -39,16 +40,9 @@ ROLE_LABELS_NO_MEMORY = {
     CURRENT: "in the window",
     NEWEST: "newest token",
 }
-# Translucent backgrounds read on light and dark themes alike.
-ROLE_STYLES = {
-    GONE: "color:#8a8a8a;",
-    MEMORY: "background:rgba(59,130,246,0.22);",
-    CURRENT: "background:rgba(245,158,11,0.32);",
-    NEWEST: "background:rgba(220,38,38,0.85);color:#fff;font-weight:700;border-radius:2px;",
-}
+# The role colours of txl/web/views.css, for the charts drawn here.
 MEMORY_COLOR = "#3b82f6"
 CURRENT_COLOR = "#f59e0b"
-BOUNDARY_TEXT = "memory ◀ │ ▶ current"
 
 # What each character turns into on an axis label or in a hover box.
 _VISIBLE = {"\n": "↵", " ": "␣", "\t": "⇥", "\r": "␍"}
@@ -106,78 +100,6 @@ def roles_from_info(n_chars: int, info: dict) -> np.ndarray:
         return text_roles(n_chars, start, end)
     first = n_chars - int(info["context"])
     return text_roles(n_chars, first, first)
-
-
-def _escape(s: str) -> str:
-    # Also escape the characters that a JS/Handlebars template would read.
-    return (
-        html.escape(s, quote=True)
-        .replace("$", "&#36;")
-        .replace("{", "&#123;")
-        .replace("}", "&#125;")
-        .replace("`", "&#96;")
-    )
-
-
-def text_html(
-    text: str | Sequence[str],
-    roles: Sequence[str],
-    memory: bool = True,
-    max_chars: int = 6000,
-    unit: str = "character",
-) -> str:
-    """The text as HTML, runs of equal role in one coloured <span>, with a legend.
-
-    ``text`` has one entry per token: a string of characters, or the list of a word
-    model's pieces (``Session.pieces``). Only the last ``max_chars`` tokens are shown (the
-    rest is counted). A newest token that is a newline is drawn as ↵ so that it stays
-    visible.
-    """
-    if len(roles) != len(text):
-        raise ValueError(f"{len(roles)} roles for {len(text)} characters")
-    labels = ROLE_LABELS if memory else ROLE_LABELS_NO_MEMORY
-    start = max(0, len(text) - max_chars)
-    parts = []
-    if start:
-        earlier = f"[… {start:,} earlier {unit}s]\n"
-        parts.append(f'<span style="{ROLE_STYLES[GONE]}">{earlier}</span>')
-    i = start
-    while i < len(text):
-        role = roles[i]
-        j = i + 1
-        while j < len(text) and roles[j] == role:
-            j += 1
-        chunk = "".join(text[i:j])
-        if role == NEWEST and chunk == "\n":
-            chunk = "↵\n"
-        elif role == NEWEST and chunk == " ":
-            chunk = "␣"
-        parts.append(
-            f'<span class="txl-{role}" title="{labels[role]}" '
-            f'style="{ROLE_STYLES[role]}">{_escape(chunk)}</span>'
-        )
-        i = j
-    body = (
-        "".join(parts)
-        or '<span style="color:#8a8a8a">(no text yet: type a prompt, then Step or Generate)</span>'
-    )
-    return (
-        f"{legend_html(memory)}"
-        '<div class="txl-text" style="white-space:pre-wrap;word-break:break-word;'
-        "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:14px;"
-        f'line-height:1.5;padding:6px 2px">{body}</div>'
-    )
-
-
-def legend_html(memory: bool = True) -> str:
-    labels = ROLE_LABELS if memory else ROLE_LABELS_NO_MEMORY
-    roles = (GONE, MEMORY, CURRENT, NEWEST) if memory else (GONE, CURRENT, NEWEST)
-    items = "".join(
-        f'<span class="txl-legend-{r}" style="{ROLE_STYLES[r]}padding:1px 6px;margin:0 6px 2px 0;'
-        f'display:inline-block;white-space:nowrap">{labels[r]}</span> '
-        for r in roles
-    )
-    return f'<div class="txl-legend" style="font-size:12px;margin-bottom:4px">{items}</div>'
 
 
 # ---- status --------------------------------------------------------------------------
@@ -873,3 +795,35 @@ shortest memory whose bits per character are within 1 % of the best. Memory cost
 space in proportion to its length, so there is no point keeping more than the model uses.
 The paper measures the same idea as *relative effective context length* (its Section 4.2).
 """
+
+
+def score_numbers(result, sweep=None) -> dict:
+    """The score tab's numbers as plain JSON (the /score endpoint's third output): bits
+    per token and seconds of each way of reading, and the memory-length sweep."""
+
+    def number(x) -> float | None:
+        return round(float(x), 4) if x is not None and np.isfinite(x) else None
+
+    out = {
+        "tokens": len(result.chars),
+        "seg_len": int(result.seg_len),
+        "mem_len": int(result.mem_len),
+        "bpc": {
+            "segments_alone": number(result.bpc_without),
+            "sliding_window": number(result.bpc_sliding),
+            "memory": number(result.bpc_with),
+        },
+        "seconds": {
+            "segments_alone": number(result.seconds_without),
+            "sliding_window": number(result.seconds_sliding),
+            "memory": number(result.seconds_with),
+        },
+        "sliding_window": int(result.window),
+    }
+    if sweep is not None:
+        out["context_sweep"] = {
+            "mem_len": [int(m) for m in sweep.mem_lens],
+            "bpc": [number(b) for b in sweep.bpc],
+            "effective_context": sweep.effective,
+        }
+    return out
