@@ -571,8 +571,17 @@ class TXLApp(Server):
                 **private,
             )
         redraw = [ui["history"], *view, state]
-        for event in (ui["layer"].change, ui["head"].change, ui["history"].release):
-            event(self.redraw, redraw, [ui["text_html"], ui["attention"]], **private)
+        # The slider's input event: the user's own moves only (a Step setting it back to 0
+        # sends none), live while dragging; always_last skips the positions passed over.
+        for event in (ui["layer"].change, ui["head"].change, ui["history"].input):
+            event(
+                self.redraw,
+                redraw,
+                [ui["text_html"], ui["attention"]],
+                trigger_mode="always_last",
+                show_progress="hidden",
+                **private,
+            )
         ui["export"].click(self.export, [state], [ui["export_file"]], **private)
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -20,6 +20,7 @@ from gradio_client import Client  # noqa: E402
 import app  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
 from txl import serve as txl_serve  # noqa: E402
+from txl.session import Session  # noqa: E402
 
 VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 SEG_LEN, MEM_LEN = 16, 32
@@ -127,6 +128,21 @@ def test_generate_streams(client):
     assert all(final[0].startswith(t) for t in texts)
 
 
+def test_generate_streams_the_views(client, monkeypatch):
+    monkeypatch.setattr(app, "STREAM_EVERY_S", 0.0)  # read at call time: every step streams
+    job = client.submit(prompt="A", n_tokens=400, **settings(), api_name="/generate")
+    final = job.result(timeout=120)
+    partial = job.outputs()[:-1]
+    assert len(partial) > 1
+    attentions = [out[3] for out in partial if isinstance(out[3], dict)]
+    assert len(attentions) > 1  # not just the last one
+    for out in partial:
+        if isinstance(out[3], dict):  # each view is of the step its text ends with
+            assert out[3]["pos"] == len(out[0]) - 1 == out[1]["pos"]
+    assert len({a["pos"] for a in attentions}) == len(attentions)
+    assert final[3]["pos"] == len(final[0]) - 1 and final[5]["position"] == final[3]["pos"]
+
+
 def test_step_continues_where_the_last_call_ended(client):
     text = generate(client, n_tokens=20, seed=3)[0]
     out = step(client, seed=3)
@@ -180,15 +196,41 @@ def test_memory_off_changes_what_attention_covers(client):
     assert step(client, mem_len=48)[5]["n_memory"] == MEM_LEN + 1
 
 
-def test_heatmap_layer_and_head_views(client):
+def test_step_returns_the_attention_of_the_new_character(client):
+    text, text_view, status, attention, history, summary = step(client)
+    assert attention["pos"] == len(text) - 1 == summary["position"] == text_view["pos"]
+    assert attention["rows"] == ["layer 0", "layer 1"]  # 'all layers': one row per layer
+    assert attention["n_keys"] == summary["n_keys"] == len(attention["first"])
+    assert attention["last"][-1] == attention["pos"]  # the newest key is the token itself
+    assert history == 0 and "Memory **on**" in status
+    # the text view: every shown character once, the newest one last, weights on the keys
+    positions = [first + i for _, first, piece in text_view["runs"] for i in range(len(piece))]
+    assert positions == list(range(text_view["earlier"], len(text)))
+    assert text_view["runs"][-1][0] == "newest"
+    assert text_view["w0"] == attention["first"][0]
+    assert len(text_view["w"]) == attention["n_keys"]
+
+
+def test_layer_and_head_views(client):
     out = client.predict(
         prompt="ROMEO:", **settings(), layer="layer 1", head="mean over heads", api_name="/step"
     )
-    assert out[3]["type"] == "plotly"
-    figure = json.loads(out[3]["plot"])
-    assert figure["data"][0]["y"] == ["L1 head 0", "L1 head 1", "L1 mean"]
-    assert any("memory ◀ │ ▶ current" in a["text"] for a in figure["layout"]["annotations"])
-    assert any(s["type"] == "line" for s in figure["layout"]["shapes"])  # the boundary
+    attention, text_view = out[3], out[1]
+    n_head = 2
+    assert attention["rows"] == [f"L1 head {h}" for h in range(n_head)] + ["L1 mean"]
+    assert len(attention["w"]) == n_head + 1 and len(attention["mass"]) == n_head + 1
+    assert attention["n_mem_cols"] == attention["n_keys"] - 1  # memory | the new token
+    assert text_view["layer"] == "layer 1" and text_view["head"] == "mean over heads"
+    one = client.predict(prompt="ROMEO:", **settings(), layer="layer 0", head="head 1",
+                         api_name="/step")[3]
+    assert one["rows"] == ["L0 head 1"]
+
+
+def test_reset_clears_the_views(client):
+    generate(client, n_tokens=5)
+    text, text_view, status, attention, history, summary = client.predict(api_name="/reset")
+    assert text == "" and attention is None and summary is None and history == 0
+    assert text_view["runs"] == [] and text_view["w"] is None
 
 
 def test_bad_settings_give_an_error_and_keep_the_text(client):
@@ -199,13 +241,108 @@ def test_bad_settings_give_an_error_and_keep_the_text(client):
     assert step(client)[0][:-1] == text
 
 
+SCORE_TEXT = "To be, or not to be, that is the question.\n" * 3
+
+
 def test_score(client):
-    text = "To be, or not to be, that is the question.\n" * 3
-    plot, summary = client.predict(text=text, mem_len=MEM_LEN, api_name="/score")
-    assert plot["type"] == "plotly" and "with memory" in plot["plot"]
-    assert "bits per character" in summary and f"{len(text) - 1:,} characters" in summary
+    plot, summary, numbers, context_plot, context_md = client.predict(
+        text=SCORE_TEXT, mem_len=MEM_LEN, api_name="/score"
+    )
+    assert plot["type"] == "plotly" and "memory" in plot["plot"]
+    assert context_plot["type"] == "plotly" and "Effective context" in context_md
+    assert "bits per character" in summary and f"{len(SCORE_TEXT) - 1:,} characters" in summary
+    assert numbers["tokens"] == len(SCORE_TEXT) - 1 and numbers["mem_len"] == MEM_LEN
+    assert numbers["seg_len"] == numbers["sliding_window"] == SEG_LEN
+    for way in ("segments_alone", "sliding_window", "memory"):
+        assert math.isfinite(numbers["bpc"][way]) and numbers["seconds"][way] >= 0
+    sweep = numbers["context_sweep"]
+    assert sweep["effective_context"] in sweep["mem_len"]
+    assert len(sweep["bpc"]) == len(sweep["mem_len"])
     with pytest.raises(Exception, match="Nothing to score"):
         client.predict(text="", mem_len=MEM_LEN, api_name="/score")
+
+
+def test_score_numbers_equal_a_direct_score(server, client):
+    txl_app = server[1]
+    numbers = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN // 2, api_name="/score")[2]
+    direct = Session(txl_app.default_model, mem_len=MEM_LEN // 2).score(SCORE_TEXT)
+    expected = {
+        "segments_alone": direct.bpc_without,
+        "sliding_window": direct.bpc_sliding,
+        "memory": direct.bpc_with,
+    }
+    assert numbers["bpc"] == pytest.approx(expected, abs=2e-4)
+    assert numbers["mem_len"] == MEM_LEN // 2
+
+
+def test_score_skips_the_sliding_window_of_long_texts(client, monkeypatch):
+    monkeypatch.setattr(app, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
+    _, summary, numbers, _, _ = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN, api_name="/score")
+    assert numbers["bpc"]["sliding_window"] is None
+    assert numbers["seconds"]["sliding_window"] is None
+    assert math.isfinite(numbers["bpc"]["memory"]) and "sliding window is computed" in summary
+
+
+def new_state(txl_app, prompt="ROMEO:\n", steps=6):
+    state = txl_app.new_state(txl_app.default_source, txl_app.default_model)
+    state.session.start(prompt)
+    for _ in range(steps):
+        state.session.step()
+    return state
+
+
+def test_past_views_show_the_text_as_it_was(server):
+    txl_app = server[1]
+    state = new_state(txl_app)
+    s = state.session
+    n = len(s.history)
+    for back in range(n):
+        position = len(s.text) - 1 - back
+        text_view, attention = txl_app.past_views(state, back, None, None)
+        assert text_view["pos"] == attention["pos"] == position
+        role, first, piece = text_view["runs"][-1]  # the text ends at that step
+        assert role == "newest" and first + len(piece) == position + 1
+        assert "".join("".join(p) for _, _, p in text_view["runs"]) == s.text[: position + 1]
+        if back > 0:
+            assert attention["history"] == [back, n]
+    # further back than kept: the oldest step kept
+    assert txl_app.past_views(state, n + 10, None, None)[1]["pos"] == len(s.text) - n
+    now_text, now_attention = txl_app.past_views(state, 0, "layer 1", "head 0")
+    assert now_attention["rows"] == ["L1 head 0"] and now_text["layer"] == "layer 1"
+    assert now_attention["history"] is None  # the newest step: no history marker
+    # the redraw event: slider value -k is k steps back
+    assert txl_app.redraw(-2, None, None, state)[1]["pos"] == len(s.text) - 3
+
+
+def test_fit_history_shares_the_session_budget_with_the_memory(server, monkeypatch):
+    txl_app = server[1]
+    monkeypatch.setenv("TXL_SESSION_MEMORY_MB", "0.02")  # a few dozen steps of history
+    budget = txl_app.session_budget()
+    state = new_state(txl_app, steps=0)
+    s = state.session
+    assert txl_app.mem_cap(s.model) > MEM_LEN  # the memory itself is not capped here
+    txl_app.fit_history(s)
+    limit = s.history_bytes_limit
+    assert 0 < limit < budget
+    list(s.generate(120, capture_last_only=False))
+    info = s.memory_info()
+    assert info["tokens"] == MEM_LEN and 0 < info["history_steps"] < 120  # the limit bites
+    assert info["history_bytes"] + 1.25 * info["bytes"] <= budget
+    kept = info["history_steps"]
+
+    txl_app.apply_settings(s, True, MEM_LEN // 2, 1.0, 0, 1.0, 0)  # shorter memory
+    assert s.history_bytes_limit > limit  # more room for the history
+    list(s.generate(120, capture_last_only=False))
+    info = s.memory_info()
+    assert info["history_steps"] > kept
+    assert info["history_bytes"] + 1.25 * info["bytes"] <= budget
+
+    txl_app.apply_settings(s, True, 2 * MEM_LEN, 1.0, 0, 1.0, 0)  # longer memory
+    assert s.history_bytes_limit < limit
+    list(s.generate(2 * MEM_LEN, capture_last_only=False))  # the memory fills up
+    info = s.memory_info()
+    assert info["tokens"] == 2 * MEM_LEN and info["history_steps"] < kept
+    assert info["history_bytes"] + 1.25 * info["bytes"] <= budget
 
 
 def test_invalid_model_sources_give_errors_and_the_app_keeps_serving(client, monkeypatch):

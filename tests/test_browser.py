@@ -84,9 +84,39 @@ def wait_text_longer(page, n: int) -> int:
     return text_length(page)
 
 
-def annotations(page) -> list[str]:
-    return page.eval_on_selector_all(
-        "#heatmap .annotation-text", "els => els.map(e => e.textContent)"
+def painted_position(page) -> int | None:
+    """The text position whose attention the view shows, once it has been painted."""
+    value = page.evaluate(
+        "document.querySelector('#attention [data-position]')?.dataset.position ?? null"
+    )
+    return None if value is None else int(value)
+
+
+def wait_painted(page, position: int) -> None:
+    page.wait_for_function(
+        f"document.querySelector('#attention [data-position=\"{position}\"]') !== null"
+    )
+
+
+def step_and_wait(page) -> int:
+    """Click Step; wait until the new step's view is painted; its position."""
+    before = painted_position(page)
+    page.click("#step")
+    expected = (before + 1) if before is not None else None
+    if expected is None:
+        page.wait_for_selector("#attention [data-position]")
+    else:
+        wait_painted(page, expected)
+    return painted_position(page)
+
+
+def canvas_pixel(page, x: float, y: float) -> list[int]:
+    """[r, g, b, a] of the attention canvas at CSS pixel (x, y)."""
+    return page.evaluate(
+        """([x, y]) => { const c = document.querySelector('#attention canvas');
+        const r = window.devicePixelRatio || 1, g = c.getContext('2d');
+        return [...g.getImageData(Math.round(x * r), Math.round(y * r), 1, 1).data]; }""",
+        [x, y],
     )
 
 
@@ -98,34 +128,54 @@ def test_page_steps_generates_and_stays_offline(app_url, browser_page):
     assert "Transformer-XL" in page.inner_text("#header")
 
     page.fill("#prompt textarea", "JULIET:\n")
-    lengths = [0]
-    for _ in range(3):
-        page.click("#step")
-        lengths.append(wait_text_longer(page, lengths[-1]))
-    assert lengths[1] == len("JULIET:\n") + 1 and lengths[3] == lengths[1] + 2
-    assert page.inner_text("#text .txl-newest")  # the newest token is marked
+    positions = [step_and_wait(page) for _ in range(3)]
+    assert positions == [8, 9, 10]  # "JULIET:\n" is 8 characters: the first new one is 8
+    assert text_length(page) == len("JULIET:\n") + 3
+    assert page.inner_text("#text .txl-r-newest")  # the newest token is marked
 
-    # the heatmap: a plotly figure with the memory boundary (a dashed line and its label)
-    page.wait_for_function(
-        "[...document.querySelectorAll('#heatmap .annotation-text')]"
-        ".some(e => e.textContent.includes('memory ◀'))"
+    # The attention view: memory columns left of a dashed red boundary.
+    root = page.locator("#attention .txl-att")
+    memory_columns, columns = (
+        int(root.get_attribute(k)) for k in ("data-memory-columns", "data-columns")
     )
-    assert page.locator("#heatmap .shapelayer path").count() >= 1
-    assert page.locator("#heatmap g.hm image").count() == 1  # the heatmap's pixels
-    page.hover("#heatmap .nsewdrag")  # the modebar (with PNG download) shows on hover
-    assert page.locator("#heatmap .modebar-btn[data-title*='PNG' i]").count() == 1
+    assert columns == 11 and memory_columns == 10  # 10 in memory, the new token itself
+    box = page.locator("#attention canvas").bounding_box()
+    left, right = 92, box["width"] - 58  # the plot's margins in txl/web/views.js
+    boundary_x = left + memory_columns * (right - left) / columns
+    red = canvas_pixel(page, boundary_x, 32)  # on the dashed line, above the first row
+    assert red[0] > 180 and red[1] < 120 and red[2] < 120, red
+    # Hover a cell: the query and key characters, the distance and the weight.
+    cell_x = left + 7.5 * (right - left) / columns  # key 7: "\n" (positions 0..10)
+    page.mouse.move(box["x"] + cell_x, box["y"] + 30 + 11)
+    tip = page.inner_text("#attention .txl-tip")
+    assert "layer 0" in tip and "query" in tip and "key '↵' at 7, 3 back" in tip and "weight" in tip
+    # Hover a character of the text: its weight and distance from the newest one.
+    page.hover("#text .txl-k[data-i='2']")
+    assert "'L' at 2 · 8 back · weight" in page.inner_text("#text .txl-tip")
+
+    # PNG download of the view.
+    with page.expect_download() as download:
+        page.click("#attention .txl-png")
+    path = download.value.path()
+    assert download.value.suggested_filename == "attention-pos10.png"
+    assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     page.click("#memory input[type=checkbox]")  # memory off
     page.wait_for_function("document.querySelector('#status').innerText.includes('Memory off')")
     before = text_length(page)
-    page.click("#generate")
-    page.wait_for_function(
-        "[...document.querySelectorAll('#heatmap .annotation-text')]"
-        ".some(e => e.textContent.includes('memory off'))"
+    # Generate streams the views: record every position painted while it runs.
+    page.evaluate(
+        "window.painted = [];"
+        "document.addEventListener('txl-painted', e => window.painted.push(e.detail.position))"
     )
+    page.click("#generate")
+    wait_painted(page, len("JULIET:\n") + 120 - 1)
     after = text_length(page)
     assert after == len("JULIET:\n") + 120 and after > before  # Generate starts over
-    assert page.inner_text("#text .txl-gone")  # text beyond the window is greyed out
+    streamed = set(page.evaluate("window.painted"))
+    assert len(streamed) >= 3, f"Generate painted only positions {sorted(streamed)}"
+    assert root.get_attribute("data-memory-columns") == "0"  # no memory: no boundary
+    assert page.inner_text("#text .txl-r-gone")  # text beyond the window is greyed out
     page.screenshot(path=str(OUT / "app-desktop.png"), full_page=True)
 
     page.click("#export")  # the step's attention as a JSON file
@@ -135,9 +185,15 @@ def test_page_steps_generates_and_stays_offline(app_url, browser_page):
     page.get_by_text("A quatrain, twice").click()
     page.click("#score_btn")
     page.wait_for_function(
-        "document.querySelector('#score_summary').innerText.includes('bits per character')"
+        "document.querySelector('#score_summary').innerText.includes('sliding window')"
     )
     page.wait_for_selector("#score_plot .main-svg")
+    page.wait_for_selector("#context_plot .main-svg")
+    legend = page.eval_on_selector_all(
+        "#score_plot .legendtext", "els => els.map(e => e.textContent)"
+    )
+    assert len([t for t in legend if "bpc" in t]) == 3, legend  # three ways of reading
+    assert "Effective context" in page.inner_text("#context_summary")
 
     errors = [text for kind, text in log["console"] if kind == "error"]
     assert not errors, errors
@@ -146,27 +202,62 @@ def test_page_steps_generates_and_stays_offline(app_url, browser_page):
     assert not [u for u in log["failed"] if urlparse(u).hostname != "127.0.0.1"]
 
 
+def test_play_steps_until_clicked_again_and_history_goes_back(app_url, browser_page):
+    page, log = browser_page
+    page.goto(app_url, wait_until="load")
+    page.wait_for_selector("#step")
+    first = step_and_wait(page)
+    page.click("#play")
+    page.wait_for_function(
+        f"+document.querySelector('#attention [data-position]').dataset.position >= {first + 4}"
+    )
+    assert page.inner_text("#play") == "Pause"
+    page.click("#play")  # the second click pauses
+    page.wait_for_function("document.querySelector('#play').innerText === 'Play'")
+    page.wait_for_timeout(600)  # a step already sent may still land
+    stopped = painted_position(page)
+    page.wait_for_timeout(1500)
+    assert painted_position(page) == stopped, "Play went on after the second click"
+    assert text_length(page) == stopped + 1
+
+    # The history: three steps back shows that step's attention over the text as it was.
+    page.fill("#history input[type=number]", "-3")
+    page.press("#history input[type=number]", "Enter")
+    wait_painted(page, stopped - 3)
+    assert (
+        page.evaluate("document.querySelector('#text .txl-text').innerText.length") == stopped - 2
+    )
+    assert "3 steps ago" not in page.inner_text("#attention")  # drawn on the canvas, not text
+    page.click("#step")  # a new step shows the newest again
+    wait_painted(page, stopped + 1)
+    assert page.input_value("#history input[type=number]") == "0"
+
+    # Reset stops Play.
+    page.click("#play")
+    page.wait_for_function("document.querySelector('#play').innerText === 'Pause'")
+    page.click("#reset")
+    page.wait_for_function("document.querySelector('#play').innerText === 'Play'")
+    assert not [text for kind, text in log["console"] if kind == "error"]
+
+
 def test_phone_width_stacks_columns(app_url, browser_page):
     page, log = browser_page
     OUT.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 400, "height": 860})
     page.goto(app_url, wait_until="load")
     page.wait_for_selector("#step")
-    page.click("#step")
-    wait_text_longer(page, 0)
-    page.wait_for_selector("#heatmap .annotation-text")
+    step_and_wait(page)
     left, right = page.locator("#left").bounding_box(), page.locator("#right").bounding_box()
     assert right["y"] >= left["y"] + left["height"] - 1  # stacked, not side by side
     for box in (left, right):
         assert box["x"] >= 0 and box["x"] + box["width"] <= 400 + 1
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 1, f"the page scrolls sideways by {overflow}px"
-    for button in ("#generate", "#step", "#reset"):
+    for button in ("#generate", "#step", "#play", "#reset"):
         box = page.locator(button).bounding_box()
         assert box["width"] >= 40 and box["x"] + box["width"] <= 400 + 1
-    plot = page.locator("#heatmap .main-svg").first.bounding_box()
-    assert plot["width"] <= 400 and plot["width"] >= 250
-    page.click("#step")  # still usable
-    wait_text_longer(page, len("ROMEO:\n") + 1)
+    view = page.locator("#attention canvas").bounding_box()
+    assert 250 <= view["width"] <= 400
+    step_and_wait(page)  # still usable
     page.screenshot(path=str(OUT / "app-phone.png"), full_page=True)
     assert not [text for kind, text in log["console"] if kind == "error"]

@@ -114,8 +114,10 @@ def test_memory_off_is_a_forward_over_the_last_window(peaky):
         assert torch.allclose(s.next_logits, full_forward(peaky, s.ids[-5:]), atol=1e-6, rtol=0)
         assert trace.n_memory == 0 and trace.memory_tokens == 0 and not trace.memory
         assert trace.key_positions.tolist() == list(range(len(s.ids) - 5, len(s.ids)))
-    assert s.memory_info() == {"memory": False, "tokens": 0, "mem_len": 6, "bytes": 0,
-                               "span": (len(s.ids), len(s.ids)), "context": 5}
+    info = s.memory_info()
+    assert info.pop("history_steps") == 4 and info.pop("history_bytes") > 0
+    assert info == {"memory": False, "tokens": 0, "mem_len": 6, "bytes": 0,
+                    "span": (len(s.ids), len(s.ids)), "context": 5}
 
 
 def test_trace_lines_up_with_the_text(peaky):
@@ -145,7 +147,9 @@ def test_trace_with_a_full_memory(peaky):
     assert trace.attentions.shape == (2, 2, 7) and trace.memory_tokens == 6
     np.testing.assert_allclose(trace.attentions.sum(-1), 1.0, atol=1e-5)
     assert s.memory_info() == {"memory": True, "tokens": 6, "mem_len": 6,
-                               "bytes": s.kv.nbytes, "span": (15, 21), "context": 7}
+                               "bytes": s.kv.nbytes, "span": (15, 21), "context": 7,
+                               "history_steps": 1,
+                               "history_bytes": trace.attentions.size * 2 + 7 * 4}
 
 
 def test_mem_len_zero_sees_only_the_new_token(peaky):
@@ -543,3 +547,87 @@ def test_effective_context_rule():
     assert effective_context(lengths, [2.0, 2.5, 2.5, 2.5, 2.5]) == 0  # memory never helps
     assert effective_context([0, 8], [math.nan, 1.0]) == 8
     assert effective_context([0, 8], [math.nan, math.nan]) is None
+
+
+# ---- the step history -------------------------------------------------------------------
+
+
+def history_bytes(s: Session) -> int:
+    return sum(t.attentions.nbytes + t.key_positions.nbytes for t in s.history)
+
+
+def test_history_keeps_only_the_steps_that_captured_attention(peaky):
+    s = Session(peaky, mem_len=6, seg_len=4, temperature=1.0)
+    s.start(TEXT[:10])
+    assert not s.history and s.past_trace(0) is None
+    captured = []
+    for i in range(9):  # the last one captures
+        trace = s.step(capture=i % 2 == 0)
+        if trace.attentions is not None:
+            captured.append(trace)
+    assert [t.position for t in s.history] == [t.position for t in captured]
+    for kept, trace in zip(s.history, captured):
+        assert kept.attentions.dtype == np.float16 and kept.key_positions.dtype == np.int32
+        assert kept.key_positions.tolist() == trace.key_positions.tolist()
+        assert (kept.token_id, kept.char, kept.n_memory) == (
+            trace.token_id, trace.char, trace.n_memory)
+        # float16: a relative precision of 2**-11, weights <= 1
+        np.testing.assert_allclose(kept.attentions, trace.attentions, rtol=2**-10, atol=1e-4)
+    np.testing.assert_allclose(s.history[-1].attentions, s.last_trace.attentions, atol=1e-3)
+    info = s.memory_info()
+    assert info["history_steps"] == len(captured) and info["history_bytes"] == history_bytes(s)
+
+
+def test_history_keeps_at_most_history_steps(peaky):
+    s = Session(peaky, mem_len=6, seg_len=4, history=3)
+    s.start("abc")
+    traces = list(s.generate(7, capture_last_only=False))
+    assert [t.position for t in s.history] == [t.position for t in traces[-3:]]
+    assert s.memory_info()["history_steps"] == 3
+    none = Session(peaky, history=0)
+    none.start("abc")
+    none.step()
+    assert not none.history and none.past_trace(0) is None
+    assert none.memory_info()["history_bytes"] == 0
+
+
+def test_history_bytes_limit_evicts_the_oldest(peaky):
+    s = Session(peaky, mem_len=6, seg_len=4, history=100)
+    s.start(TEXT[:20])  # a full memory: every step has 7 keys, the same size
+    s.step()
+    one = s.memory_info()["history_bytes"]
+    s.history_bytes_limit = 3 * one + one // 2  # room for 3 steps
+    traces = list(s.generate(6, capture_last_only=False))
+    assert [t.position for t in s.history] == [t.position for t in traces[-3:]]
+    assert s.memory_info()["history_bytes"] == 3 * one == history_bytes(s)
+    s.history_bytes_limit = one - 1  # less than one step: none is kept
+    s.step()
+    assert not s.history and s.memory_info()["history_bytes"] == 0
+
+
+def test_past_trace_counts_back_and_clamps(peaky):
+    s = Session(peaky, mem_len=6, seg_len=4)
+    s.start("abc")
+    traces = list(s.generate(5, capture_last_only=False))
+    for back in range(5):
+        assert s.past_trace(back).position == traces[-1 - back].position
+    assert s.past_trace(99).position == traces[0].position  # the oldest kept
+    with pytest.raises(ValueError):
+        s.past_trace(-1)
+
+
+def test_reset_clears_the_history(peaky):
+    s = Session(peaky, mem_len=6, seg_len=4)
+    s.start("abc")
+    list(s.generate(4, capture_last_only=False))
+    assert s.memory_info()["history_steps"] == 4
+    s.start("abc")  # start resets too
+    assert not s.history and s.past_trace(0) is None
+    info = s.memory_info()
+    assert info["history_steps"] == 0 and info["history_bytes"] == 0
+
+
+def test_history_argument_is_validated(peaky):
+    for bad in (-1, 2.5, "3", None):
+        with pytest.raises(ValueError, match="history"):
+            Session(peaky, history=bad)

@@ -33,11 +33,6 @@ def make_trace(n_keys=40, n_memory=39, position=None, memory=True, attentions=Tr
     )
 
 
-def heatmap(fig):
-    validated(fig)
-    return next(t for t in fig.data if t.type == "heatmap")
-
-
 def validated(fig: go.Figure) -> go.Figure:
     """viz builds figures without plotly's validation: check every property here."""
     go.Figure(fig.to_dict())  # raises on a misspelt property or a bad value
@@ -60,21 +55,56 @@ def test_roles_from_trace_and_info():
     assert list(viz.roles_from_info(10, off)) == ["gone"] * 6 + ["current"] * 4
 
 
-def test_text_html_escapes_and_marks_roles():
+def runs_positions(view: dict) -> list[int]:
+    """The text positions the runs of a text view cover, in order."""
+    return [first + i for _, first, piece in view["runs"] for i in range(len(piece))]
+
+
+def test_text_view_runs_cover_the_text_by_role():
     text = "<b>${x}</b>\n"
     roles = viz.text_roles(len(text), 2, 6, newest=len(text) - 1)
-    html = viz.text_html(text, roles)
-    assert "<b>" not in html and "</b>" not in html
-    assert "&lt;b" in html and "&lt;/b&gt;" in html
-    assert "${" not in html and "{x}" not in html  # no template syntax survives
-    for role in ("gone", "memory", "current", "newest"):
-        assert f'class="txl-{role}"' in html
-    assert "↵" in html  # a newest newline stays visible
-    assert "fell out of memory" in html and "newest token" in html  # the legend
-    long = viz.text_html("a" * 100, ["memory"] * 100, max_chars=10)
-    assert "90 earlier characters" in long
+    view = json.loads(json.dumps(viz.text_view(text, roles)))  # plain JSON
+    assert runs_positions(view) == list(range(len(text)))  # contiguous, in order
+    assert "".join("".join(piece) for _, _, piece in view["runs"]) == text  # raw: JS escapes
+    assert [role for role, _, _ in view["runs"]] == ["gone", "memory", "current", "newest"]
+    for role, first, piece in view["runs"]:
+        assert all(roles[first + i] == role for i in range(len(piece)))
+    assert view["earlier"] == 0 and view["w"] is None and view["pos"] == -1
+    assert view["labels"] == viz.ROLE_LABELS and view["memory"]
+    off = viz.text_view(text, roles, memory=False)
+    assert off["labels"] == viz.ROLE_LABELS_NO_MEMORY and not off["memory"]
+    long = viz.text_view("a" * 100, ["memory"] * 100, max_chars=10)
+    assert long["earlier"] == 90 and runs_positions(long) == list(range(90, 100))
     with pytest.raises(ValueError):
-        viz.text_html("abc", ["memory"])
+        viz.text_view("abc", ["memory"])
+
+
+def test_text_view_weights_line_up_with_the_keys():
+    t = make_trace(n_keys=8, n_memory=7, position=20)  # keys 13..20
+    text = "abcdefghijklmnopqrstu"
+    roles = viz.roles_from_trace(len(text), t)
+    view = viz.text_view(text, roles, t)
+    assert view["w0"] == 13 and len(view["w"]) == 8 and view["pos"] == 20
+    np.testing.assert_allclose(view["w"], t.attentions.mean(axis=(0, 1)), atol=1e-5)
+    assert runs_positions(view) == list(range(len(text)))
+    for _, first, piece in view["runs"]:  # one span per key inside the window only
+        inside = 13 <= first < 21
+        assert isinstance(piece, list) == inside
+        if inside:
+            assert first + len(piece) <= 21
+        else:
+            assert first + len(piece) <= 13
+    assert view["layer"] == "mean over layers" and view["head"] == "mean over heads"
+    one = viz.text_view(text, roles, t, layer=1, head=2)
+    np.testing.assert_allclose(one["w"], viz.text_weights(t, 1, 2), atol=1e-5)
+    np.testing.assert_allclose(one["w"], t.attentions[1, 2], atol=1e-5)
+    assert one["layer"] == "layer 1" and one["head"] == "head 2"
+    np.testing.assert_allclose(viz.text_weights(t, 0), t.attentions[0].mean(0), atol=1e-6)
+    np.testing.assert_allclose(viz.text_weights(t, None, 1), t.attentions[:, 1].mean(0))
+    # a step without attention shades nothing
+    bare = viz.text_view(text, roles, make_trace(n_keys=8, n_memory=7, position=20,
+                                                 attentions=False))
+    assert bare["w"] is None and all(isinstance(p, str) for _, _, p in bare["runs"])
 
 
 @pytest.mark.parametrize(
@@ -99,68 +129,80 @@ def test_bucket_keys_cover_keys_and_respect_boundary(n_keys, n_memory, max_cols)
         assert all(b - a == 1 for a, b in buckets)
 
 
-def test_heatmap_has_boundary_and_hover():
-    t = make_trace(n_keys=40, n_memory=30, position=100)
+def test_attention_view_columns_and_hover_data():
+    t = make_trace(n_keys=40, n_memory=30, position=100)  # keys 61..100
     text = "x" * 95 + "hello!"
-    fig = viz.heatmap_from_trace(t, text)
-    h = heatmap(fig)
-    assert np.asarray(h.z).shape == (2, 40)  # layers as rows, one column per key
-    assert list(h.y) == ["layer 0", "layer 1"]
-    lines = [s for s in fig.layout.shapes if s.type == "line"]
-    assert len(lines) == 1 and lines[0].x0 == pytest.approx(29.5)
-    assert any(viz.BOUNDARY_TEXT in a.text for a in fig.layout.annotations)
-    hover = h.text[0][0]
-    assert "query '!' (position 100)" in hover
-    assert "key 'x' (position 61, memory)" in hover and "distance 39" in hover
-    assert "weight" in hover
-    last = h.text[1][-1]
-    assert "position 100, current" in last and "distance 0" in last
-    # colour is sqrt(weight); the hover shows the weight itself (customdata)
-    assert "%{customdata" in h.hovertemplate and "%{text}" in h.hovertemplate
-    w = np.asarray(h.customdata)[1, -1]
-    assert w == pytest.approx(float(t.attentions[1].mean(0)[-1]), abs=1e-4)
-    assert np.asarray(h.z)[1, -1] == pytest.approx(np.sqrt(t.attentions[1].mean(0)[-1]), abs=1e-5)
+    view = json.loads(json.dumps(viz.attention_view(t, text)))  # plain JSON
+    assert view["rows"] == ["layer 0", "layer 1"]  # layers as rows
+    assert np.asarray(view["w"]).shape == (2, 40)  # one column per key
+    np.testing.assert_allclose(view["w"], t.attentions.mean(axis=1), atol=1e-4)
+    np.testing.assert_allclose(np.asarray(view["w"]).sum(1), 1.0, atol=1e-3)
+    assert view["first"] == view["last"] == list(range(61, 101))
+    assert view["labels"][0] == "x" and view["labels"][-1] == "!"
+    assert view["pos"] == 100 and view["query"] == "!" and view["memory"]
+    assert view["n_mem_cols"] == 30 and view["n_keys"] == 40 and view["history"] is None
+    mass = t.attentions.mean(axis=1)[:, :30].sum(-1)
+    np.testing.assert_allclose(view["mass"], mass, atol=1e-4)
+    spaced = viz.attention_view(make_trace(n_keys=3, n_memory=2, position=2), "a \n")
+    assert spaced["labels"] == ["a", "␣", "↵"]  # whitespace made visible
+    assert viz.attention_view(t, None)["labels"][0] == "#61"  # no text: positions
+    assert viz.attention_view(t, text, history=(3, 10))["history"] == [3, 10]
 
 
-def test_heatmap_buckets_long_memory():
-    n_keys = 2049
-    t = make_trace(n_keys=n_keys, n_memory=2048, position=3000)
-    fig = viz.heatmap_from_trace(t, "ab" * 1600, max_cols=128)
-    h = heatmap(fig)
-    z = np.asarray(h.customdata)  # the weights (colour is their square root)
-    assert z.shape[1] <= 128
-    np.testing.assert_allclose(z.sum(1), 1.0, atol=1e-3)  # buckets sum the weights
-    width = viz.bucket_keys(n_keys, 2048, 128)[1]
-    width = width[1] - width[0]
-    assert width == 17 and f"({width} keys, memory)" in h.text[0][1]
-    assert "'ab" in h.text[0][1] or "'ba" in h.text[0][1]  # the bucket's text
-    assert "keys per column" in fig.layout.xaxis.title.text
-    boundary = [s for s in fig.layout.shapes if s.type == "line"][0].x0
-    assert boundary == pytest.approx(z.shape[1] - 1.5)  # the newest key keeps its column
+def test_attention_view_buckets_long_memory():
+    n_keys, n_memory = 2049, 2048
+    t = make_trace(n_keys=n_keys, n_memory=n_memory, position=3000)  # keys 952..3000
+    view = viz.attention_view(t, "ab" * 1600, max_cols=128)
+    w = np.asarray(view["w"])
+    assert w.shape == (2, len(view["first"])) and w.shape[1] <= 128
+    np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-3)  # buckets sum the weights
+    buckets = viz.bucket_keys(n_keys, n_memory, 128)
+    keys = t.key_positions
+    assert view["first"] == [int(keys[a]) for a, _ in buckets]
+    assert view["last"] == [int(keys[b - 1]) for _, b in buckets]
+    a, b = buckets[1]
+    np.testing.assert_allclose(w[:, 1], t.attentions.mean(1)[:, a:b].sum(-1), atol=1e-4)
+    # no bucket straddles the boundary: the memory columns end at the last memory key
+    boundary = int(keys[n_memory])  # the first current key
+    assert view["n_mem_cols"] == w.shape[1] - 1  # the newest key keeps its own column
+    assert view["last"][view["n_mem_cols"] - 1] == boundary - 1
+    assert view["first"][view["n_mem_cols"]] == boundary
+    assert set(view["labels"][1].replace("…", "")) == {"a", "b"}  # a bucket shows its text
+    np.testing.assert_allclose(view["mass"], t.attentions.mean(1)[:, :n_memory].sum(-1),
+                               atol=1e-4)
 
 
-def test_heatmap_layer_and_head_views():
-    a = attention(3, 4, 20)
-    keys = np.arange(20)
-    one_layer = viz.attention_heatmap(a, keys, 10, layer=1)
-    assert list(heatmap(one_layer).y) == [f"L1 head {h}" for h in range(4)] + ["L1 mean"]
-    one_head = viz.attention_heatmap(a, keys, 10, layer=2, head=3)
-    np.testing.assert_allclose(np.asarray(heatmap(one_head).customdata)[0], a[2, 3], atol=1e-5)
-    head_all_layers = viz.attention_heatmap(a, keys, 10, head=0)
-    assert list(heatmap(head_all_layers).y) == ["layer 0 h0", "layer 1 h0", "layer 2 h0"]
+def test_attention_view_layer_and_head_rows():
+    t = make_trace(n_keys=20, n_memory=10, position=30)
+    a = t.attentions  # [2 layers, 3 heads, 20]
+    one_layer = viz.attention_view(t, None, layer=1)
+    assert one_layer["rows"] == [f"L1 head {h}" for h in range(3)] + ["L1 mean"]
+    np.testing.assert_allclose(one_layer["w"][:3], a[1], atol=1e-4)
+    np.testing.assert_allclose(one_layer["w"][3], a[1].mean(0), atol=1e-4)
+    one_head = viz.attention_view(t, None, layer=0, head=2)
+    assert one_head["rows"] == ["L0 head 2"]
+    np.testing.assert_allclose(one_head["w"][0], a[0, 2], atol=1e-4)
+    head_all_layers = viz.attention_view(t, None, head=0)
+    assert head_all_layers["rows"] == ["layer 0 h0", "layer 1 h0"]
+    np.testing.assert_allclose(head_all_layers["w"], a[:, 0], atol=1e-4)
+    for view in (one_layer, one_head, head_all_layers):  # every row sums to 1
+        np.testing.assert_allclose(np.asarray(view["w"]).sum(1), 1.0, atol=1e-3)
     with pytest.raises(ValueError):
-        viz.attention_heatmap(a, keys, 10, layer=3)
+        viz.attention_view(t, None, layer=2)
+    bad = make_trace(n_keys=20, n_memory=10, position=30)
+    bad.attentions = bad.attentions[0]  # [H, K]: not [L, H, K]
     with pytest.raises(ValueError):
-        viz.attention_heatmap(a[0], keys, 10)
+        viz.attention_view(bad, None)
 
 
-def test_heatmap_without_memory_has_no_boundary():
+def test_attention_view_without_memory():
     t = make_trace(n_keys=16, n_memory=0, memory=False)
-    fig = validated(viz.heatmap_from_trace(t, "z" * 30))
-    assert not [s for s in fig.layout.shapes if s.type == "line"]
-    assert any("memory off" in a.text for a in fig.layout.annotations)
+    view = viz.attention_view(t, "z" * 30)
+    assert view["n_mem_cols"] == 0 and not view["memory"]
+    assert view["mass"] == [0.0, 0.0]
+    np.testing.assert_allclose(np.asarray(view["w"]).sum(1), 1.0, atol=1e-3)
     with pytest.raises(ValueError):
-        viz.heatmap_from_trace(make_trace(attentions=False), "z" * 60)
+        viz.attention_view(make_trace(attentions=False), "z" * 60)
 
 
 def test_memory_mass():
@@ -168,15 +210,9 @@ def test_memory_mass():
     a[0, :, :3] = 1 / 3  # layer 0: all on memory
     a[1, :, 3] = 1.0  # layer 1: all on the newest key
     np.testing.assert_allclose(viz.memory_mass(a, 3), [[1, 1], [0, 0]])
-    fig = validated(viz.memory_mass_figure(a, 3))
-    np.testing.assert_allclose(fig.data[0].y, [1.0, 0.0])
-    assert "on memory" in fig.data[0].hovertemplate
-    assert [t.type for t in fig.data] == ["bar", "scatter"]  # no far bar without n_far
+    np.testing.assert_allclose(viz.memory_mass(a, 0), 0.0)
     # keys 10..13 for a query at 13: keys 10 and 11 are 2 or more back
     assert viz.far_keys(np.arange(10, 14), 13, far=2) == 2
-    fig = validated(viz.memory_mass_figure(a, 3, n_far=2, far=2))
-    np.testing.assert_allclose(fig.data[1].y, [2 / 3, 0.0], atol=1e-5)
-    assert "2+ tokens back" in fig.data[1].name
 
 
 def test_surprisal_figure_and_rolling_mean():
@@ -192,13 +228,6 @@ def test_surprisal_figure_and_rolling_mean():
     assert "+1.000 vs segments of 32 read alone" in fig.layout.title.text
     with pytest.raises(ValueError):
         viz.surprisal_figure(["a"], bits_with, bits_without, 1.0, 2.0)
-
-
-def test_placeholder_and_json():
-    fig = validated(viz.placeholder_figure("nothing yet"))
-    assert fig.layout.annotations[0].text == "nothing yet"
-    t = make_trace(n_keys=300, n_memory=299)
-    assert json.loads(viz.heatmap_from_trace(t, None).to_json())["data"][0]["type"] == "heatmap"
 
 
 def test_exports_are_json():
@@ -282,3 +311,20 @@ def test_context_figure_marks_the_effective_context():
     assert "Effective context: 32" in viz.context_markdown(sweep)
     assert isinstance(viz.SCORE_HELP, str) and "sliding window" in viz.SCORE_HELP.lower()
     assert "effective context" in viz.CONTEXT_HELP.lower()
+
+
+def test_score_numbers_are_plain_json():
+    sweep = SimpleNamespace(mem_lens=[0, 16, 32], bpc=[3.0, 2.5, float("nan")],
+                            seconds=[0.1] * 3, seg_len=32, effective=16, tolerance=0.01)
+    numbers = json.loads(json.dumps(viz.score_numbers(score_result(), sweep), allow_nan=False))
+    r = score_result()
+    assert numbers["tokens"] == len(r.chars) and numbers["sliding_window"] == r.window
+    assert numbers["seg_len"] == r.seg_len and numbers["mem_len"] == r.mem_len
+    assert numbers["bpc"] == {"segments_alone": r.bpc_without, "sliding_window": r.bpc_sliding,
+                              "memory": r.bpc_with}
+    assert numbers["seconds"]["sliding_window"] == r.seconds_sliding
+    assert numbers["context_sweep"] == {"mem_len": [0, 16, 32], "bpc": [3.0, 2.5, None],
+                                        "effective_context": 16}
+    alone = viz.score_numbers(score_result(sliding=False))  # NaN -> null, no sweep
+    assert alone["bpc"]["sliding_window"] is None and alone["seconds"]["sliding_window"] is None
+    assert "context_sweep" not in alone

@@ -83,7 +83,8 @@
     g.fillText(`newest ${v.unit} '${v.query}' (position ${v.pos})${back} attends to:`, 4, 10);
     g.textAlign = "center";
     g.fillStyle = "#555";
-    g.fillText("on memory", M.left + L.plotW + 6 + (M.right - 10) / 2, M.top - 10);
+    const bottomY = M.top + v.rows.length * M.row;
+    g.fillText("on memory", M.left + L.plotW + 6 + (M.right - 10) / 2, bottomY + 9);
     const bottom = M.top + v.rows.length * M.row;
     if (v.memory && v.n_mem_cols > 0 && v.n_mem_cols < L.cols) {
       const x = M.left + v.n_mem_cols * L.cw;
@@ -139,6 +140,9 @@
         return;
       }
       L = drawAttention(canvas, v);
+      // What was drawn, for tests and tools: columns, and how many of them are memory.
+      root.dataset.columns = String(L.cols);
+      root.dataset.memoryColumns = String(v.memory ? v.n_mem_cols : 0);
       painted(root, v.pos);
     }
     canvas.addEventListener("mousemove", (e) => {
