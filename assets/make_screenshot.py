@@ -67,14 +67,9 @@ def main() -> None:
                 f"document.querySelector('#text .txl-text').innerText.length >= {target}"
             )
             page.click("#step")
-            page.wait_for_function(
-                f"document.querySelector('#text .txl-text').innerText.length >= {target + 1}"
-            )
-            page.wait_for_function(
-                "[...document.querySelectorAll('#heatmap .annotation-text')]"
-                ".some(e => e.textContent.includes('memory'))"
-            )
-            page.wait_for_timeout(800)  # let plotly finish drawing
+            # The Step's views are painted when the attention view carries its position.
+            page.wait_for_selector(f"#attention [data-position='{target}']")
+            page.hover(f"#text .txl-k[data-i='{target - 3}']")  # show a character's weight
             page.screenshot(path=args.out, full_page=True)
             context.close()
     finally:

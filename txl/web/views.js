@@ -83,8 +83,9 @@
     g.fillText(`newest ${v.unit} '${v.query}' (position ${v.pos})${back} attends to:`, 4, 10);
     g.textAlign = "center";
     g.fillStyle = "#555";
-    const bottomY = M.top + v.rows.length * M.row;
-    g.fillText("on memory", M.left + L.plotW + 6 + (M.right - 10) / 2, bottomY + 9);
+    g.font = "10px ui-sans-serif, system-ui, sans-serif";
+    g.fillText("on memory", M.left + L.plotW + 6 + (M.right - 10) / 2, M.top - 10);
+    g.font = "12px ui-sans-serif, system-ui, sans-serif";
     const bottom = M.top + v.rows.length * M.row;
     if (v.memory && v.n_mem_cols > 0 && v.n_mem_cols < L.cols) {
       const x = M.left + v.n_mem_cols * L.cw;
