@@ -605,6 +605,10 @@ def launch(demo: gr.Blocks, **kwargs):
         state_session_capacity=env_int("TXL_MAX_SESSIONS", 200),
         css=CSS,
         footer_links=["api"],
+        # Gradio 6 records every event's inputs and outputs in the page's localStorage (up
+        # to 100 runs, the whole list rewritten as JSON on each status update): a cost in
+        # every Step that grows with the text, and visitors' texts kept in their browser.
+        run_history=False,
     )
     options.update(kwargs)
     demo.queue(max_size=128, default_concurrency_limit=env_int("TXL_CONCURRENCY", 4))

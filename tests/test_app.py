@@ -221,8 +221,9 @@ def test_layer_and_head_views(client):
     assert len(attention["w"]) == n_head + 1 and len(attention["mass"]) == n_head + 1
     assert attention["n_mem_cols"] == attention["n_keys"] - 1  # memory | the new token
     assert text_view["layer"] == "layer 1" and text_view["head"] == "mean over heads"
-    one = client.predict(prompt="ROMEO:", **settings(), layer="layer 0", head="head 1",
-                         api_name="/step")[3]
+    one = client.predict(
+        prompt="ROMEO:", **settings(), layer="layer 0", head="head 1", api_name="/step"
+    )[3]
     assert one["rows"] == ["L0 head 1"]
 
 

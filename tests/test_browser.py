@@ -232,6 +232,10 @@ def test_play_steps_until_clicked_again_and_history_goes_back(app_url, browser_p
     wait_painted(page, stopped + 1)
     assert page.input_value("#history input[type=number]") == "0"
 
+    # No run history in the page: Gradio 6 would keep every Step's outputs in localStorage.
+    stored = "Object.entries(localStorage).reduce((n, [k, v]) => n + k.length + v.length, 0)"
+    assert page.evaluate(stored) < 2_000
+
     # Reset stops Play.
     page.click("#play")
     page.wait_for_function("document.querySelector('#play').innerText === 'Pause'")

@@ -707,8 +707,11 @@ def test_score_bad_inputs(client):
     for mem_len, why in ((-1, "minimum"), (10**6, "maximum"), (1.5, "integer"), ("x", "number")):
         message = refused(client.predict, text="To be, or not", mem_len=mem_len, api_name="/score")
         assert message.startswith("mem_len") and why in message, message
-    plot, summary = client.predict(text="To be, or not", mem_len=0, api_name="/score")
+    _, summary, numbers, _, _ = client.predict(text="To be, or not", mem_len=0, api_name="/score")
     assert "bits per character" in summary
+    # memory 0 is segments read alone: the two ways agree
+    assert numbers["mem_len"] == 0
+    assert numbers["bpc"]["memory"] == numbers["bpc"]["segments_alone"]
 
 
 def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
@@ -1079,3 +1082,22 @@ def test_a_busy_session_answers_instead_of_waiting_forever(server):
         errors.append(str(e))
     holder.join()
     assert errors and "Still busy" in errors[0]
+
+
+def test_redraw_refuses_bad_history_values_and_keeps_the_views(server):
+    _, txl_app = server
+    assert txl_app.redraw(-1, None, None, None) == (gr.skip(), gr.skip())  # no session yet
+    state = txl_app.ensure(None)
+    text_view, attention = txl_app.redraw(0, None, None, state)  # nothing stepped yet
+    assert attention is None and text_view["w"] is None
+    for _ in range(3):
+        txl_app.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
+    text = state.session.text
+    for back, why in ((1, "between"), (-(10**6), "between"), ("x", "number"), (0.5, "integer")):
+        with pytest.raises(gr.Error, match=f"history.*{why}"):
+            txl_app.redraw(back, None, None, state)
+    assert state.session.text == text and len(state.session.history) == 3
+    # unknown layer or head names fall back to the means; -k is k steps back
+    text_view, attention = txl_app.redraw(-1, "layer 99", "head x", state)
+    assert attention["rows"] == ["layer 0", "layer 1"] and attention["pos"] == len(text) - 2
+    assert text_view["layer"] == "mean over layers"

@@ -187,7 +187,7 @@ def test_the_app_loads_generates_and_shows_attention(hub_files, caches, monkeypa
                                prevent_thread_lock=True, quiet=True, ssr_mode=False)
         try:
             client = Client(url, verbose=False, analytics_enabled=False, download_files=False)
-            text, html, status, heatmap, mass, summary = client.predict(
+            text, text_view, status, attention, history, summary = client.predict(
                 prompt="The city", n_tokens=12, memory=True, mem_len=12, temperature=1.0,
                 top_k=0, top_p=1.0, seed=0, api_name="/generate")
         finally:
@@ -196,9 +196,16 @@ def test_the_app_loads_generates_and_shows_attention(hub_files, caches, monkeypa
     assert "words" in txl_app.model_info()
     assert "memory capped at 8 positions per session" in txl_app.model_info()
     assert summary["memory_tokens"] == 8  # asked for 12, capped
-    figure = json.loads(heatmap["plot"])
-    assert figure["data"][0]["type"] == "heatmap"
-    assert summary["n_keys"] >= 2
+    assert summary["n_keys"] >= 2 and attention["n_keys"] == summary["n_keys"]
+    assert attention["unit"] == text_view["unit"] == "word"
+    assert attention["rows"] == ["layer 0", "layer 1"] and attention["pos"] == summary["position"]
+    assert attention["n_mem_cols"] == summary["n_memory"] <= 8  # one column per word
+    assert all(label in WORDS or "↵" in label for label in attention["labels"])
+    # the text view's runs make up the text; the newest word is the last run, on its own
+    assert "".join("".join(piece) for _, _, piece in text_view["runs"]) == text
+    role, first, piece = text_view["runs"][-1]
+    assert role == "newest" and first == text_view["pos"] == summary["position"]
+    assert piece == [summary["char"]]  # a word with its leading space: one span
 
 
 def test_the_converter_takes_the_vocabulary_along(checkpoint, tmp_path):
