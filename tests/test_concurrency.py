@@ -26,6 +26,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import httpx  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from gradio_client import Client  # noqa: E402
@@ -80,29 +81,37 @@ def run_remote(url: str, i: int, barrier: threading.Barrier, out: dict) -> None:
                 api_name="/generate",
             )[0]
         ]
+        views = []
         for k in range(N_STEPS):
             settings["memory"] = memory_at(i, k, p["memory"])
-            texts.append(
-                client.predict(prompt=p["prompt"], seed=p["seed"], **settings, api_name="/step")[0]
-            )
-        out[i] = texts
+            step = client.predict(prompt=p["prompt"], seed=p["seed"], **settings, api_name="/step")
+            texts.append(step[0])
+            views.append(attention_keys(step[3]))
+        out[i] = texts, views
     except BaseException as e:  # reported by the test
         out[i] = e
     finally:
         client.close()
 
 
-def run_alone(txl_app: app.TXLApp, i: int) -> list[str]:
+def attention_keys(view: dict) -> tuple:
+    """What an attention view says about whose step it is: the query's position, its
+    keys, and its rows of weights."""
+    return view["pos"], view["first"], view["last"], view["w"]
+
+
+def run_alone(txl_app: app.TXLApp, i: int) -> tuple[list[str], list[tuple]]:
     """The same session through the same handlers, with nothing else running."""
     p = plan(i)
     args = [p[k] for k in ("memory", "mem_len", "temperature", "top_k", "top_p", "seed")]
     *_, state = list(txl_app.generate(p["prompt"], p["n_tokens"], *args, None, None, None))[-1]
-    texts = [state.session.text]
+    texts, views = [state.session.text], []
     for k in range(N_STEPS):
         args[0] = memory_at(i, k, p["memory"])
-        *_, state = txl_app.step(p["prompt"], *args, None, None, state)
+        *_, attention, _, _, state = txl_app.step(p["prompt"], *args, None, None, state)
         texts.append(state.session.text)
-    return texts
+        views.append(attention_keys(attention))
+    return texts, views
 
 
 @pytest.fixture(scope="module")
@@ -128,12 +137,18 @@ def test_16_concurrent_sessions_equal_the_same_sessions_alone(server):
     errors = {i: r for i, r in out.items() if isinstance(r, BaseException)}
     assert not errors and len(out) == N_CLIENTS, errors
     for i in range(N_CLIENTS):
-        alone = run_alone(txl_app, i)
-        assert out[i] == alone, f"session {i} differs from the same session run alone"
+        alone, alone_views = run_alone(txl_app, i)
+        texts, views = out[i]
+        assert texts == alone, f"session {i} differs from the same session run alone"
         p = plan(i)
         assert alone[0].startswith(p["prompt"]) and len(alone[0]) == len(p["prompt"]) + 10 + i
         assert all(b[:-1] == a for a, b in zip(alone, alone[1:]))  # one char per Step
-    assert len({texts[-1] for texts in out.values()}) == N_CLIENTS
+        # each Step's attention view is of that session's newest character
+        assert [pos for pos, *_ in views] == [len(t) - 1 for t in alone[1:]]
+        for (pos, first, last, w), (pos_a, first_a, last_a, w_a) in zip(views, alone_views):
+            assert (pos, first, last) == (pos_a, first_a, last_a)
+            np.testing.assert_allclose(w, w_a, atol=1e-3)
+    assert len({texts[-1] for texts, _ in out.values()}) == N_CLIENTS
 
 
 # ---- memory after sessions expire -------------------------------------------------------
