@@ -147,7 +147,7 @@ class TXLApp(Server):
         roles = viz.roles_from_trace(n, t)
         unit = s.tokenizer.unit
         text_view = viz.text_view(pieces, roles, t, layer, head, t.memory, unit=unit)
-        steps_back = len(s.history) - 1 - s.history.index(t)
+        steps_back = min(back, len(s.history) - 1)  # past_trace clamps the same way
         attention = viz.attention_view(
             t, pieces, layer, head, HEATMAP_COLUMNS, unit, history=(steps_back, len(s.history))
         )

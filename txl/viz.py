@@ -304,7 +304,8 @@ def text_view(
     each character is shaded by how much the newest one reads it.
 
     ``runs`` is a list of [role, first position, text]; a run inside the attention window
-    carries a list of tokens (one span each), others one string. Only the last
+    carries a list of tokens (one span each), others one string (the browser reads only its
+    text, never its length: a word model's string is longer than its token count). Only the last
     ``max_chars`` tokens are sent; ``earlier`` counts the rest.
     """
     if len(roles) != len(text):
