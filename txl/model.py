@@ -66,14 +66,31 @@ class CachedOutput:
     nll: Tensor | None = None  # [B, T], when targets were given
 
 
+LONG_ROW = 1024  # floats: a row this long streams at full speed in a one-row product
+
+
+def _for_one_row(w: Tensor) -> Tensor:
+    """A Linear's weight [out, in] as the right operand of x @ W^T for one row x: [in, out].
+
+    One token's product is a matrix-vector product that streams W row by row, and MKL
+    streams short rows slowly (this machine: 256-float rows 2.5x slower than 1024-float
+    rows, either orientation). So W^T is a transposed view (rows of `in`) unless that
+    makes short rows and the other orientation does not; then it is a copy (rows of
+    `out`). The demo model copies W_qkv and W_1 (10 MB); from d_model 1024 up, nothing.
+    """
+    w = w.detach()
+    n_out, n_in = w.shape
+    return w.t().contiguous() if n_in < min(n_out, LONG_ROW) else w.t()
+
+
 @dataclass(frozen=True)
 class StepWeights:
     """One layer's weights as the one-token step reads them (``TransformerXL._step``).
 
-    Views of the parameters (no copies, so a 1 GB model does not hold a second 1 GB),
-    transposed so that each product is one ``mm``/``addmm`` of a row vector, and u, v
-    stacked so that q + u and q + v are one add. Built once per model and rebuilt when a
-    parameter changes (see ``TransformerXL.step_weights``).
+    Transposed, so that each product is one ``mm``/``addmm`` of a row vector (views of the
+    parameters where their rows are long, see ``_for_one_row``), and u, v stacked so that
+    q + u and q + v are one add. Built once per model and rebuilt when a parameter
+    changes (see ``TransformerXL.step_weights``).
     """
 
     pre_lnorm: bool
@@ -92,13 +109,13 @@ class StepWeights:
         attn, ff = layer.attn, layer.ff
         return cls(
             pre_lnorm=attn.pre_lnorm,
-            w_qkv=attn.qkv.weight.detach().t(),
+            w_qkv=_for_one_row(attn.qkv.weight),
             uv=torch.stack([u.detach(), v.detach()]),
-            w_out=attn.out.weight.detach().t(),
+            w_out=_for_one_row(attn.out.weight),
             norm_attn=(attn.norm.weight.detach(), attn.norm.bias.detach(), attn.norm.eps),
-            w_ff1=ff.fc1.weight.detach().t(),
+            w_ff1=_for_one_row(ff.fc1.weight),
             b_ff1=ff.fc1.bias.detach(),
-            w_ff2=ff.fc2.weight.detach().t(),
+            w_ff2=_for_one_row(ff.fc2.weight),
             b_ff2=ff.fc2.bias.detach(),
             norm_ff=(ff.norm.weight.detach(), ff.norm.bias.detach(), ff.norm.eps),
         )
@@ -538,7 +555,9 @@ class TransformerXL(
     def position_keys_cached(self, K: int, device, dtype) -> list[Tensor]:
         """W_r R for distances K-1 ... 0, per layer [H, K, Dh], from a table kept between
         calls (it depends only on the weights). Rebuilt when the weights change or a longer
-        memory needs more distances."""
+        memory needs more distances. Stored key-last like KVMemory's keys (the views
+        returned are transposes of [H, Dh, K] blocks), so a step's (q + v) · W_r R is a
+        product over contiguous rows."""
         weights = [layer.attn.r_proj.weight for layer in self.layers]
         key = (
             device,
@@ -550,10 +569,11 @@ class TransformerXL(
         if table is None or table[0] != key or table[1] < K - 1:
             longest = max(2 * (K - 1), 256)
             r = self.pos_enc(self.distances(longest + 1, device), dtype)  # longest ... 0
-            table = (key, longest, [layer.attn.position_keys(r) for layer in self.layers])
+            keys = [layer.attn.position_keys(r).mT.contiguous() for layer in self.layers]
+            table = (key, longest, keys)  # keys: per layer [H, Dh, longest + 1]
             self._position_table = table
         _, longest, keys = table
-        return [k[:, longest - (K - 1) :] for k in keys]
+        return [k[:, :, longest - (K - 1) :].mT for k in keys]
 
     def step_weights(self) -> list[StepWeights]:
         """The layers' StepWeights, kept between steps. They are views of the parameters
