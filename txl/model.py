@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import shutil
 from contextlib import contextmanager
@@ -66,6 +67,13 @@ class CachedOutput:
     nll: Tensor | None = None  # [B, T], when targets were given
 
 
+def _fingerprint(params: list[Tensor]) -> tuple[list[int], list[int]]:
+    """Where each tensor's data lives and its version counter (moved by in-place writes):
+    equal fingerprints mean nothing derived from the tensors has gone stale."""
+    return list(map(Tensor.data_ptr, params)), list(map(_version, params))
+
+
+_version = operator.attrgetter("_version")
 LONG_ROW = 1024  # floats: a row this long streams at full speed in a one-row product
 
 
@@ -83,6 +91,10 @@ def _for_one_row(w: Tensor) -> Tensor:
     return w.t().contiguous() if n_in < min(n_out, LONG_ROW) else w.t()
 
 
+def _layer_norm_args(norm: nn.LayerNorm) -> tuple:
+    return norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps
+
+
 @dataclass(frozen=True)
 class StepWeights:
     """One layer's weights as the one-token step reads them (``TransformerXL._step``).
@@ -97,12 +109,12 @@ class StepWeights:
     w_qkv: Tensor  # [d, 3·H·Dh]  x @ w_qkv = [q | k | v]
     uv: Tensor  # [2, H, Dh]  (u, v): q + uv = (q + u, q + v)
     w_out: Tensor  # [H·Dh, d]
-    norm_attn: tuple[Tensor, Tensor, float]  # LayerNorm weight, bias, eps
+    norm_attn: tuple  # F.layer_norm's (shape, weight, bias, eps)
     w_ff1: Tensor  # [d, d_inner]
     b_ff1: Tensor  # [d_inner]
     w_ff2: Tensor  # [d_inner, d]
     b_ff2: Tensor  # [d]
-    norm_ff: tuple[Tensor, Tensor, float]
+    norm_ff: tuple
 
     @classmethod
     def of(cls, layer: XLLayer, u: Tensor, v: Tensor) -> StepWeights:
@@ -112,12 +124,12 @@ class StepWeights:
             w_qkv=_for_one_row(attn.qkv.weight),
             uv=torch.stack([u.detach(), v.detach()]),
             w_out=_for_one_row(attn.out.weight),
-            norm_attn=(attn.norm.weight.detach(), attn.norm.bias.detach(), attn.norm.eps),
+            norm_attn=_layer_norm_args(attn.norm),
             w_ff1=_for_one_row(ff.fc1.weight),
             b_ff1=ff.fc1.bias.detach(),
             w_ff2=_for_one_row(ff.fc2.weight),
             b_ff2=ff.fc2.bias.detach(),
-            norm_ff=(ff.norm.weight.detach(), ff.norm.bias.detach(), ff.norm.eps),
+            norm_ff=_layer_norm_args(ff.norm),
         )
 
 
@@ -552,19 +564,14 @@ class TransformerXL(
 
     # ---- inference: keys and values cached ---------------------------------------------
 
-    def position_keys_cached(self, K: int, device, dtype) -> list[Tensor]:
+    def position_keys_cached(self, K: int, device, dtype, key_last=False) -> list[Tensor]:
         """W_r R for distances K-1 ... 0, per layer [H, K, Dh], from a table kept between
         calls (it depends only on the weights). Rebuilt when the weights change or a longer
-        memory needs more distances. Stored key-last like KVMemory's keys (the views
-        returned are transposes of [H, Dh, K] blocks), so a step's (q + v) · W_r R is a
-        product over contiguous rows."""
+        memory needs more distances. Stored key-last like KVMemory's keys: the views
+        returned are transposes of [H, Dh, K] blocks, or those blocks with key_last (a
+        step's (q + v) · W_r R is then a product over contiguous rows)."""
         weights = [layer.attn.r_proj.weight for layer in self.layers]
-        key = (
-            device,
-            dtype,
-            self.config.clamp_len,
-            tuple((w.data_ptr(), w._version) for w in weights),
-        )
+        key = (device, dtype, self.config.clamp_len, _fingerprint(weights))
         table = self._position_table
         if table is None or table[0] != key or table[1] < K - 1:
             longest = max(2 * (K - 1), 256)
@@ -573,18 +580,19 @@ class TransformerXL(
             table = (key, longest, keys)  # keys: per layer [H, Dh, longest + 1]
             self._position_table = table
         _, longest, keys = table
-        return [k[:, :, longest - (K - 1) :].mT for k in keys]
+        keys = [k[:, :, longest - (K - 1) :] for k in keys]  # [H, Dh, K]
+        return keys if key_last else [k.mT for k in keys]
 
     def step_weights(self) -> list[StepWeights]:
-        """The layers' StepWeights, kept between steps. They are views of the parameters
-        (u, v copied), so they are rebuilt when any parameter changes: in place (an
-        optimizer step, load_state_dict: its version counter moves) or by a new tensor
-        (``p.data = ...``: its address moves; .to() and load_state_dict(assign=True)
-        also drop the cache outright)."""
+        """The layers' StepWeights, kept between steps. They hold views of the parameters
+        and copies (u and v stacked, short-rowed weights transposed), so they are rebuilt
+        when any parameter changes: in place (an optimizer step, load_state_dict: its
+        version counter moves) or by a new tensor (``p.data = ...``: its address moves;
+        .to() and load_state_dict(assign=True) also drop the cache outright)."""
         cache = self._step_cache
         if cache is not None:
             params, key, weights = cache
-            if tuple((p.data_ptr(), p._version) for p in params) == key:
+            if _fingerprint(params) == key:
                 return weights
         with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable anywhere
             weights = [
@@ -593,7 +601,7 @@ class TransformerXL(
         params = [p for layer in self.layers for p in layer.parameters()]
         if not self.config.untie_r:
             params += [self.u, self.v]
-        self._step_cache = (params, tuple((p.data_ptr(), p._version) for p in params), weights)
+        self._step_cache = (params, _fingerprint(params), weights)
         return weights
 
     def _step(
@@ -605,10 +613,16 @@ class TransformerXL(
         targets: Tensor | None,
     ) -> CachedOutput:
         """forward_cached for one token, the generation hot path: the same equations as
-        RelMultiHeadAttention / PositionwiseFF, for one query, in as few operations as
-        eager PyTorch allows (at this size a step costs its number of ops, not its FLOPs):
-        fused adds (addmm, baddbmm), batch and heads merged into the batch of bmm, keys
-        stored key-last, no mask, no relative shift, no dropout."""
+        RelMultiHeadAttention / PositionwiseFF, for one query, in few operations.
+
+        A step does little arithmetic: its time goes to reading every weight and the
+        whole memory once (28 MB at demo size, memory 512) and to the overhead of each
+        op. So: fused adds (addmm, baddbmm), batch and heads merged into the batch of
+        bmm, keys and position keys stored key-last (q · K over contiguous rows, no
+        transpose), weights laid out for one-row products (StepWeights), no mask (a
+        same_length cut is a slice), no relative shift (one query's row already lines
+        up), no dropout.
+        """
         cfg = self.config
         B, H, Dh = input_ids.size(0), cfg.n_head, cfg.d_head
         M, start, new = len(memory), memory.start, memory.end  # `new`: the token's slot
@@ -619,18 +633,19 @@ class TransformerXL(
         scale = 1.0 / math.sqrt(Dh)
 
         x = self.embed(input_ids).view(B, cfg.d_model)  # [B, d]
-        r_k = self.position_keys_cached(K, x.device, x.dtype)  # [H, K, Dh]: distances K-1 ... 0
+        # W_r R for distances K-1 ... 0, key-last: per layer [H, Dh, K]
+        r_k = self.position_keys_cached(K, x.device, x.dtype, key_last=True)
         attentions = []
         for layer, w in enumerate(self.step_weights()):
             keys, values = memory.step_views(layer)  # [B·H, Dh, cap], [B·H, cap, Dh]
             # ---- attention: h = LN(x + W_o Σ_j p_j v_j)  (pre-norm: x + W_o Σ ... of LN(x))
-            a = F.layer_norm(x, x.shape[-1:], *w.norm_attn) if w.pre_lnorm else x
+            a = F.layer_norm(x, *w.norm_attn) if w.pre_lnorm else x
             qkv = torch.mm(a, w.w_qkv).view(B, 3, H, Dh)  # q, k, v of the new token
             keys.select(2, new).copy_(qkv[:, 1].reshape(B * H, Dh))  # it joins the memory
             values.select(1, new).copy_(qkv[:, 2].reshape(B * H, Dh))
             q_uv = qkv[:, :1] + w.uv  # [B, 2, H, Dh]: q + u, q + v
             # (b)+(d) (q + v) · W_r R_Δ, one row per head shared by the batch: [H, B, K]
-            position = torch.bmm(q_uv[:, 1].transpose(0, 1), r_k[layer].mT)
+            position = torch.bmm(q_uv[:, 1].transpose(0, 1), r_k[layer])
             # A_j = ((q + u) · k_j + position_j) / sqrt(Dh): (a)+(c) fused in: [B·H, 1, K]
             scores = torch.baddbmm(
                 position.transpose(0, 1).reshape(B * H, 1, K),
@@ -643,14 +658,14 @@ class TransformerXL(
             mixed = torch.bmm(probs, values[:, lo : new + 1]).view(B, H * Dh)  # Σ_j p_j v_j
             h = torch.addmm(x, mixed, w.w_out)  # x + W_o (...)
             if not w.pre_lnorm:
-                h = F.layer_norm(h, h.shape[-1:], *w.norm_attn)
+                h = F.layer_norm(h, *w.norm_attn)
             if output_attentions:  # [B, H, 1, M + 1], hidden keys 0 as in forward's mask
                 attentions.append(F.pad(probs.view(B, H, 1, K), (hidden, 0)))
             # ---- feed-forward: h = LN(h + W_2 ReLU(W_1 h + b_1) + b_2)  (or pre-norm)
-            a = F.layer_norm(h, h.shape[-1:], *w.norm_ff) if w.pre_lnorm else h
+            a = F.layer_norm(h, *w.norm_ff) if w.pre_lnorm else h
             inner = torch.addmm(w.b_ff1, a, w.w_ff1).relu_()  # [B, d_inner]
             y = torch.addmm(w.b_ff2, inner, w.w_ff2).add_(h)  # h + FF(h)
-            x = y if w.pre_lnorm else F.layer_norm(y, y.shape[-1:], *w.norm_ff)
+            x = y if w.pre_lnorm else F.layer_norm(y, *w.norm_ff)
 
         memory.commit(1, mem_len)
         return CachedOutput(
