@@ -519,3 +519,25 @@ def test_kv_memory_layout():
     assert memory.nbytes == 2 * 2 * (2 * 2 * 6 * 8) * 8  # n_layer · (k, v) · B·H·M·Dh · 8 B
     assert not k.is_inference()
     memory.k[0][:, :, memory.start] = 0.0  # allowed outside inference mode
+
+
+def test_step_survives_buffer_growth_and_replacement():
+    """Steps across KVMemory.reserve's regrowth (new buffers: the step's cached views
+    must follow) and after a caller replaces a layer's buffers by copies."""
+    model = tiny_model(mem_len=200)
+    ids = random_ids(1, 150, seed=12)
+    memory = model.forward_cached(ids[:, :2]).memory
+    buffers = memory.k[0]
+    for t in range(2, 150):  # capacity 66 at first: it regrows twice
+        got = model.forward_cached(ids[:, t : t + 1], memory).logits
+        if t % 37 == 0:
+            with torch.no_grad():
+                want = model(ids[:, : t + 1]).logits[:, -1:]
+            assert max_diff(got, want) <= TOL, t
+    assert memory.k[0] is not buffers and len(memory) == 150
+    memory.k = [k.clone() for k in memory.k]  # as a restore might: new tensors, same values
+    memory.v = [v.clone() for v in memory.v]
+    got = model.forward_cached(torch.tensor([[3]]), memory).logits
+    with torch.no_grad():
+        want = model(torch.cat([ids, torch.tensor([[3]])], dim=1)).logits[:, -1:]
+    assert max_diff(got, want) <= TOL

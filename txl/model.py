@@ -158,6 +158,7 @@ class KVMemory:
         self.k: list[Tensor] = []  # per layer [B, H, capacity, Dh], stored key-last
         self.v: list[Tensor] = []  # per layer [B, H, capacity, Dh]
         self.start = self.end = 0  # the memory is buffer[:, :, start:end]
+        self._views: dict[int, tuple] = {}  # step_views' cache (derived, not state)
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -210,12 +211,18 @@ class KVMemory:
                         buffers.append(fresh)
         self.start, self.end = 0, M
 
-    def step_views(self, layer: int) -> tuple[Tensor, Tensor]:
-        """The whole buffers of one layer with batch and heads merged, for the one-token
-        step's batched products: keys [B·H, Dh, capacity] (key-last), values
-        [B·H, capacity, Dh]. Views: writing into them writes into the memory."""
+    def step_views(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One layer's whole buffers as the one-token step uses them: keys as stored
+        [B, H, Dh, capacity] and with batch and heads merged [B·H, Dh, capacity]; values
+        [B, H, capacity, Dh] and [B·H, capacity, Dh]. Views: writing into them writes
+        into the memory. Kept until a buffer is replaced (reserve, or a caller's
+        assignment), since making them costs a step as much as using them."""
         k, v = self.k[layer], self.v[layer]
-        return k.mT.flatten(0, 1), v.flatten(0, 1)
+        cached = self._views.get(layer)
+        if cached is None or cached[0] is not k or cached[1] is not v:
+            cached = (k, v, (k.mT, k.mT.flatten(0, 1), v, v.flatten(0, 1)))
+            self._views[layer] = cached
+        return cached[2]
 
     def extend(self, layer: int):
         """memory_kv for one layer: write the segment's keys and values after the memory
@@ -637,12 +644,13 @@ class TransformerXL(
         r_k = self.position_keys_cached(K, x.device, x.dtype, key_last=True)
         attentions = []
         for layer, w in enumerate(self.step_weights()):
-            keys, values = memory.step_views(layer)  # [B·H, Dh, cap], [B·H, cap, Dh]
+            # keys [B, H, Dh, cap] and [B·H, Dh, cap]; values [B, H, cap, Dh], [B·H, cap, Dh]
+            keys4, keys, values4, values = memory.step_views(layer)
             # ---- attention: h = LN(x + W_o Σ_j p_j v_j)  (pre-norm: x + W_o Σ ... of LN(x))
-            a = F.layer_norm(x, *w.norm_attn) if w.pre_lnorm else x
+            a = torch.layer_norm(x, *w.norm_attn) if w.pre_lnorm else x
             qkv = torch.mm(a, w.w_qkv).view(B, 3, H, Dh)  # q, k, v of the new token
-            keys.select(2, new).copy_(qkv[:, 1].reshape(B * H, Dh))  # it joins the memory
-            values.select(1, new).copy_(qkv[:, 2].reshape(B * H, Dh))
+            keys4.select(3, new).copy_(qkv[:, 1])  # the token joins the memory
+            values4.select(2, new).copy_(qkv[:, 2])
             q_uv = qkv[:, :1] + w.uv  # [B, 2, H, Dh]: q + u, q + v
             # (b)+(d) (q + v) · W_r R_Δ, one row per head shared by the batch: [H, B, K]
             position = torch.bmm(q_uv[:, 1].transpose(0, 1), r_k[layer])
@@ -658,14 +666,14 @@ class TransformerXL(
             mixed = torch.bmm(probs, values[:, lo : new + 1]).view(B, H * Dh)  # Σ_j p_j v_j
             h = torch.addmm(x, mixed, w.w_out)  # x + W_o (...)
             if not w.pre_lnorm:
-                h = F.layer_norm(h, *w.norm_attn)
+                h = torch.layer_norm(h, *w.norm_attn)
             if output_attentions:  # [B, H, 1, M + 1], hidden keys 0 as in forward's mask
                 attentions.append(F.pad(probs.view(B, H, 1, K), (hidden, 0)))
             # ---- feed-forward: h = LN(h + W_2 ReLU(W_1 h + b_1) + b_2)  (or pre-norm)
-            a = F.layer_norm(h, *w.norm_ff) if w.pre_lnorm else h
+            a = torch.layer_norm(h, *w.norm_ff) if w.pre_lnorm else h
             inner = torch.addmm(w.b_ff1, a, w.w_ff1).relu_()  # [B, d_inner]
             y = torch.addmm(w.b_ff2, inner, w.w_ff2).add_(h)  # h + FF(h)
-            x = y if w.pre_lnorm else F.layer_norm(y, *w.norm_ff)
+            x = y if w.pre_lnorm else torch.layer_norm(y, *w.norm_ff)
 
         memory.commit(1, mem_len)
         return CachedOutput(
