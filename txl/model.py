@@ -133,6 +133,18 @@ class StepWeights:
         )
 
 
+@dataclass
+class _PositionTable:
+    """TransformerXL.position_keys_cached's table of W_r R and what it was made from."""
+
+    setting: tuple  # (device, dtype, clamp_len)
+    weights: list[Tensor]  # each layer's W_r ...
+    fingerprint: tuple  # ... and their _fingerprint then
+    longest: int  # distances longest ... 0
+    keys: list[Tensor]  # per layer [H, Dh, longest + 1]
+    last: tuple | None = None  # (K, [keys[:, :, -K:] per layer]) of the last call
+
+
 class KVMemory:
     """The memory as each layer's keys and values: what generation keeps between calls.
 
@@ -577,18 +589,25 @@ class TransformerXL(
         memory needs more distances. Stored key-last like KVMemory's keys: the views
         returned are transposes of [H, Dh, K] blocks, or those blocks with key_last (a
         step's (q + v) · W_r R is then a product over contiguous rows)."""
-        weights = [layer.attn.r_proj.weight for layer in self.layers]
-        key = (device, dtype, self.config.clamp_len, _fingerprint(weights))
         table = self._position_table
-        if table is None or table[0] != key or table[1] < K - 1:
+        setting = (device, dtype, self.config.clamp_len)
+        if (
+            table is None
+            or table.setting != setting
+            or table.longest < K - 1
+            or _fingerprint(table.weights) != table.fingerprint
+        ):
             longest = max(2 * (K - 1), 256)
             r = self.pos_enc(self.distances(longest + 1, device), dtype)  # longest ... 0
+            weights = [layer.attn.r_proj.weight for layer in self.layers]
             keys = [layer.attn.position_keys(r).mT.contiguous() for layer in self.layers]
-            table = (key, longest, keys)  # keys: per layer [H, Dh, longest + 1]
+            table = _PositionTable(setting, weights, _fingerprint(weights), longest, keys)
             self._position_table = table
-        _, longest, keys = table
-        keys = [k[:, :, longest - (K - 1) :] for k in keys]  # [H, Dh, K]
-        return keys if key_last else [k.mT for k in keys]
+        last = table.last  # the views of the last K (a full memory asks for it again)
+        if last is None or last[0] != K:  # one tuple, swapped whole: threads share a model
+            last = (K, [k[:, :, table.longest - (K - 1) :] for k in table.keys])  # [H, Dh, K]
+            table.last = last
+        return last[1] if key_last else [k.mT for k in last[1]]
 
     def step_weights(self) -> list[StepWeights]:
         """The layers' StepWeights, kept between steps. They hold views of the parameters
@@ -649,21 +668,21 @@ class TransformerXL(
             # ---- attention: h = LN(x + W_o Σ_j p_j v_j)  (pre-norm: x + W_o Σ ... of LN(x))
             a = torch.layer_norm(x, *w.norm_attn) if w.pre_lnorm else x
             qkv = torch.mm(a, w.w_qkv).view(B, 3, H, Dh)  # q, k, v of the new token
-            keys4.select(3, new).copy_(qkv[:, 1])  # the token joins the memory
-            values4.select(2, new).copy_(qkv[:, 2])
-            q_uv = qkv[:, :1] + w.uv  # [B, 2, H, Dh]: q + u, q + v
+            keys4.select(3, new).copy_(qkv.select(1, 1))  # the token joins the memory
+            values4.select(2, new).copy_(qkv.select(1, 2))
+            q_uv = qkv.narrow(1, 0, 1) + w.uv  # [B, 2, H, Dh]: q + u, q + v
             # (b)+(d) (q + v) · W_r R_Δ, one row per head shared by the batch: [H, B, K]
-            position = torch.bmm(q_uv[:, 1].transpose(0, 1), r_k[layer])
+            position = torch.bmm(q_uv.select(1, 1).transpose(0, 1), r_k[layer])
             # A_j = ((q + u) · k_j + position_j) / sqrt(Dh): (a)+(c) fused in: [B·H, 1, K]
             scores = torch.baddbmm(
                 position.transpose(0, 1).reshape(B * H, 1, K),
-                q_uv[:, 0].reshape(B * H, 1, Dh),
-                keys[:, :, lo : new + 1],
+                q_uv.select(1, 0).reshape(B * H, 1, Dh),
+                keys.narrow(2, lo, K),  # keys lo ... new
                 beta=scale,
                 alpha=scale,
             )
             probs = scores.softmax(dim=-1)  # [B·H, 1, K]
-            mixed = torch.bmm(probs, values[:, lo : new + 1]).view(B, H * Dh)  # Σ_j p_j v_j
+            mixed = torch.bmm(probs, values.narrow(1, lo, K)).view(B, H * Dh)  # Σ_j p_j v_j
             h = torch.addmm(x, mixed, w.w_out)  # x + W_o (...)
             if not w.pre_lnorm:
                 h = torch.layer_norm(h, *w.norm_attn)
