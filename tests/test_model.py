@@ -541,3 +541,34 @@ def test_step_survives_buffer_growth_and_replacement():
     with torch.no_grad():
         want = model(torch.cat([ids, torch.tensor([[3]])], dim=1)).logits[:, -1:]
     assert max_diff(got, want) <= TOL
+
+
+def test_steps_in_threads_sharing_a_model():
+    """The model's caches (StepWeights, the position table and its last views) are shared
+    by every session of a server: threads stepping memories of different lengths on one
+    model get what each gets alone."""
+    import threading
+
+    model = tiny_model(mem_len=64)
+    prompts = [random_ids(1, n, seed=n) for n in (3, 8, 13, 21)]
+
+    def run(prompt) -> torch.Tensor:
+        memory, token, out = model.forward_cached(prompt).memory, prompt[:, -1:], []
+        for _ in range(40):
+            logits = model.forward_cached(token, memory, mem_len=len(memory) + 1).logits
+            token = logits[:, -1:].argmax(-1)
+            out.append(logits)
+        return torch.cat(out, dim=1)
+
+    alone = [run(p) for p in prompts]
+    together = [None] * len(prompts)
+    threads = [
+        threading.Thread(target=lambda i=i: together.__setitem__(i, run(prompts[i])))
+        for i in range(len(prompts))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(alone, together):
+        assert torch.equal(a, b)
