@@ -84,7 +84,7 @@ def _for_one_row(w: Tensor) -> Tensor:
     streams short rows slowly (this machine: 256-float rows 2.5x slower than 1024-float
     rows, either orientation). So W^T is a transposed view (rows of `in`) unless that
     makes short rows and the other orientation does not; then it is a copy (rows of
-    `out`). The demo model copies W_qkv and W_1 (10 MB); from d_model 1024 up, nothing.
+    `out`). The demo model copies W_qkv and W_1 (11 MB); from d_model 1024 up, nothing.
     """
     w = w.detach()
     n_out, n_in = w.shape
