@@ -726,8 +726,8 @@ class TransformerXL(
         memory = KVMemory() if memory is None else memory
         B, T = input_ids.shape
         cfg = self.config
-        dtype, device = self.layers[0].attn.qkv.weight.dtype, input_ids.device
-        memory.reserve((cfg.n_layer, B, cfg.n_head, cfg.d_head), T, dtype, device)
+        weight = self.layers[0].attn.qkv.weight  # the buffers take the model's dtype, device
+        memory.reserve((cfg.n_layer, B, cfg.n_head, cfg.d_head), T, weight.dtype, weight.device)
         with torch.inference_mode():
             if T == 1:
                 return self._step(input_ids, memory, output_attentions, mem_len, targets)
