@@ -1,6 +1,6 @@
 """How fast does a Session generate? Three questions, answered side by side in one run.
 
-    .venv/bin/python benchmarks/bench_generate.py [--quick]
+    .venv/bin/python benchmarks/bench_generate.py [--quick] [--profile]
 
 a. A cached step (memory on: one new token over a KV memory of L - 1 positions) against
    recomputing the whole window of L tokens at every step (memory off), L = 128, 512, 2048.
@@ -10,6 +10,8 @@ b. Step generation against the reference, Hugging Face's TransfoXLLMHeadModel
    The reference runs in a subprocess of its python that times itself the same way
    (torch.utils.benchmark) and answers JSON; its rounds alternate with ours.
 c. What capturing the attention costs: a step with capture on against one with it off.
+--profile: instead, where a step's time goes (torch.profiler): aten calls per token and
+   the top ops by self time, for Session.step and for model.forward_cached alone.
 
 Demo size (6 layers, d_model 256, 8 heads x 32, d_inner 1024, vocab 65), random weights,
 fp32, 2 threads (--threads). Every figure is a median of torch.utils.benchmark blocks,
@@ -235,12 +237,51 @@ def bench_capture(model: TransformerXL, mem_len: int, min_run_time: float, round
           f"{(t['on'] / t['off'] - 1) * 100:+.1f} %")
 
 
+# ---- --profile: where a step's time goes ----------------------------------------------------
+
+
+def bench_profile(model: TransformerXL, mem_len: int, steps: int, top: int = 12):
+    """aten calls per token and the top ops by self CPU time, memory of mem_len full."""
+    from torch.profiler import ProfilerActivity, profile
+
+    s = session(model, memory=True, context=mem_len + 1)
+    memory, token = s.kv.clone(), torch.tensor([[s.ids[-1]]])
+
+    def model_step():  # the model alone: one token over a full memory, which stays full
+        model.forward_cached(token, memory, mem_len=mem_len, last_only=True)
+
+    for name, fn in (("Session.step()", s.step), ("model.forward_cached(1 token)", model_step)):
+        for _ in range(20):  # warm-up: caches, allocator
+            fn()
+        ms = timed(fn, 1.0) * 1e3
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                fn()
+        events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        calls = sum(e.count for e in events) / steps
+        total = sum(e.self_cpu_time_total for e in events)
+        print(f"\n{name}, mem_len {mem_len} full: {ms:.3f} ms/token (unprofiled), "
+              f"{calls:.0f} aten calls/token, aten self time {total / steps / 1e3:.3f} ms/token")
+        print(f"{'op':36s} {'calls/token':>11s} {'self us/token':>14s} {'share':>6s}")
+        for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+            print(f"{e.key:36s} {e.count / steps:11.1f} {e.self_cpu_time_total / steps:14.1f} "
+                  f"{e.self_cpu_time_total / total:6.1%}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one short round (noisy): a smoke test")
     p.add_argument("--threads", type=int, default=THREADS, help=f"default {THREADS}")
+    p.add_argument("--profile", action="store_true",
+                   help="only profile a step at mem_len 512 (aten calls, top ops)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.profile:
+        torch.manual_seed(0)
+        model = TransformerXL(TXLConfig(vocab=VOCAB, **DEMO)).eval()
+        print(f"torch {torch.__version__}, {args.threads} threads, fp32, demo size")
+        bench_profile(model, 512, steps=50)
+        return 0
     min_run_time, rounds = (0.3, 1) if args.quick else (1.0, 5)
     print(f"torch {torch.__version__}, {args.threads} threads, fp32; each figure: the median "
           f"of {rounds} round(s) of {min_run_time} s, the columns alternating")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import shutil
 from contextlib import contextmanager
@@ -66,6 +67,84 @@ class CachedOutput:
     nll: Tensor | None = None  # [B, T], when targets were given
 
 
+def _fingerprint(params: list[Tensor]) -> tuple[list[int], list[int]]:
+    """Where each tensor's data lives and its version counter (moved by in-place writes):
+    equal fingerprints mean nothing derived from the tensors has gone stale."""
+    return list(map(Tensor.data_ptr, params)), list(map(_version, params))
+
+
+_version = operator.attrgetter("_version")
+LONG_ROW = 1024  # floats: a row this long streams at full speed in a one-row product
+
+
+def _for_one_row(w: Tensor) -> Tensor:
+    """A Linear's weight [out, in] as the right operand of x @ W^T for one row x: [in, out].
+
+    One token's product is a matrix-vector product that streams W row by row, and MKL
+    streams short rows slowly (this machine: 256-float rows 2.5x slower than 1024-float
+    rows, either orientation). So W^T is a transposed view (rows of `in`) unless that
+    makes short rows and the other orientation does not; then it is a copy (rows of
+    `out`). The demo model copies W_qkv and W_1 (11 MB); from d_model 1024 up, nothing.
+    """
+    w = w.detach()
+    n_out, n_in = w.shape
+    return w.t().contiguous() if n_in < min(n_out, LONG_ROW) else w.t()
+
+
+def _layer_norm_args(norm: nn.LayerNorm) -> tuple:
+    return norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps
+
+
+@dataclass(frozen=True)
+class StepWeights:
+    """One layer's weights as the one-token step reads them (``TransformerXL._step``).
+
+    Transposed, so that each product is one ``mm``/``addmm`` of a row vector (views of the
+    parameters where their rows are long, see ``_for_one_row``), and u, v stacked so that
+    q + u and q + v are one add. Built once per model and rebuilt when a parameter
+    changes (see ``TransformerXL.step_weights``).
+    """
+
+    pre_lnorm: bool
+    w_qkv: Tensor  # [d, 3·H·Dh]  x @ w_qkv = [q | k | v]
+    uv: Tensor  # [2, H, Dh]  (u, v): q + uv = (q + u, q + v)
+    w_out: Tensor  # [H·Dh, d]
+    norm_attn: tuple  # F.layer_norm's (shape, weight, bias, eps)
+    w_ff1: Tensor  # [d, d_inner]
+    b_ff1: Tensor  # [d_inner]
+    w_ff2: Tensor  # [d_inner, d]
+    b_ff2: Tensor  # [d]
+    norm_ff: tuple
+
+    @classmethod
+    def of(cls, layer: XLLayer, u: Tensor, v: Tensor) -> StepWeights:
+        attn, ff = layer.attn, layer.ff
+        return cls(
+            pre_lnorm=attn.pre_lnorm,
+            w_qkv=_for_one_row(attn.qkv.weight),
+            uv=torch.stack([u.detach(), v.detach()]),
+            w_out=_for_one_row(attn.out.weight),
+            norm_attn=_layer_norm_args(attn.norm),
+            w_ff1=_for_one_row(ff.fc1.weight),
+            b_ff1=ff.fc1.bias.detach(),
+            w_ff2=_for_one_row(ff.fc2.weight),
+            b_ff2=ff.fc2.bias.detach(),
+            norm_ff=_layer_norm_args(ff.norm),
+        )
+
+
+@dataclass
+class _PositionTable:
+    """TransformerXL.position_keys_cached's table of W_r R and what it was made from."""
+
+    setting: tuple  # (device, dtype, clamp_len)
+    weights: list[Tensor]  # each layer's W_r ...
+    fingerprint: tuple  # ... and their _fingerprint then
+    longest: int  # distances longest ... 0
+    keys: list[Tensor]  # per layer [H, Dh, longest + 1]
+    last: tuple | None = None  # (K, [keys[:, :, -K:] per layer]) of the last call
+
+
 class KVMemory:
     """The memory as each layer's keys and values: what generation keeps between calls.
 
@@ -75,12 +154,23 @@ class KVMemory:
     gives the same numbers for the cost of one position. Keys and values sit in buffers
     with spare room, so a step writes one position instead of copying all M.
     ``TransformerXL.forward_cached`` advances it in place.
+
+    Layout (all state is in the tensor attributes k, v and the ints start, end):
+    - ``v[layer]`` is a contiguous [B, H, capacity, Dh] buffer;
+    - ``k[layer]`` reads the same way, [B, H, capacity, Dh], but is stored key-last: it is
+      the transpose of a contiguous [B, H, Dh, capacity] buffer (``k[layer].mT`` is that
+      buffer). A new token's scores q · K are then one matrix product over contiguous
+      rows, with no transpose (see ``step_views``).
+    - the memory is ``k[layer][:, :, start:end]`` and ``v[layer][:, :, start:end]``.
+    To save a memory, take those slices (``.contiguous()`` for safetensors); to restore
+    one, ``reserve`` room and copy them into ``k[layer][:, :, :M]`` and set ``end = M``.
     """
 
     def __init__(self) -> None:
-        self.k: list[Tensor] = []  # per layer [B, H, capacity, Dh]
-        self.v: list[Tensor] = []
+        self.k: list[Tensor] = []  # per layer [B, H, capacity, Dh], stored key-last
+        self.v: list[Tensor] = []  # per layer [B, H, capacity, Dh]
         self.start = self.end = 0  # the memory is buffer[:, :, start:end]
+        self._views: dict[int, tuple] = {}  # step_views' cache (derived, not state)
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -100,6 +190,7 @@ class KVMemory:
 
     def clone(self) -> KVMemory:
         copy = KVMemory()
+        # clone keeps the strides of a dense tensor: the copy's keys stay key-last.
         copy.k = [t.clone() for t in self.k]
         copy.v = [t.clone() for t in self.v]
         copy.start, copy.end = self.start, self.end
@@ -116,15 +207,34 @@ class KVMemory:
         # Compact and grow, with 25 % spare room: a copy of M positions every M / 4 steps
         # is amortised O(1) per step, and a big model's memory stays close to its size.
         capacity = M + T + max(64, (M + T) // 4)
-        for buffers in (self.k, self.v):
-            for layer in range(n_layer):
-                fresh = torch.empty(B, H, capacity, Dh, dtype=dtype, device=device)
-                if len(buffers) > layer:
-                    fresh[:, :, :M] = buffers[layer][:, :, self.start : self.end]
-                    buffers[layer] = fresh
-                else:
-                    buffers.append(fresh)
+        # Plain tensors (not inference tensors), so code outside inference mode may still
+        # write into a memory (a restore, a test).
+        with torch.inference_mode(False):
+            for buffers, key_last in ((self.k, True), (self.v, False)):
+                for layer in range(n_layer):
+                    if key_last:  # [B, H, Dh, capacity] read as [B, H, capacity, Dh]
+                        fresh = torch.empty(B, H, Dh, capacity, dtype=dtype, device=device).mT
+                    else:
+                        fresh = torch.empty(B, H, capacity, Dh, dtype=dtype, device=device)
+                    if len(buffers) > layer:
+                        fresh[:, :, :M] = buffers[layer][:, :, self.start : self.end]
+                        buffers[layer] = fresh
+                    else:
+                        buffers.append(fresh)
         self.start, self.end = 0, M
+
+    def step_views(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One layer's whole buffers as the one-token step uses them: keys as stored
+        [B, H, Dh, capacity] and with batch and heads merged [B·H, Dh, capacity]; values
+        [B, H, capacity, Dh] and [B·H, capacity, Dh]. Views: writing into them writes
+        into the memory. Kept until a buffer is replaced (reserve, or a caller's
+        assignment), since making them costs a step as much as using them."""
+        k, v = self.k[layer], self.v[layer]
+        cached = self._views.get(layer)
+        if cached is None or cached[0] is not k or cached[1] is not v:
+            cached = (k, v, (k.mT, k.mT.flatten(0, 1), v, v.flatten(0, 1)))
+            self._views[layer] = cached
+        return cached[2]
 
     def extend(self, layer: int):
         """memory_kv for one layer: write the segment's keys and values after the memory
@@ -321,7 +431,19 @@ class TransformerXL(
             self.v = nn.Parameter(torch.zeros(config.n_head, config.d_head))
         self._tokenizer = make_tokenizer(config)
         self._position_table = None  # inference cache of W_r R, see position_keys_cached
+        self._step_cache = None  # inference cache of StepWeights, see step_weights
+        # A load_state_dict(assign=True) swaps the parameter objects: forget the views.
+        self.register_load_state_dict_post_hook(lambda module, _: module._forget_caches())
         self.reset_parameters()
+
+    def _forget_caches(self) -> None:
+        self._position_table = self._step_cache = None
+
+    def _apply(self, fn, *args, **kwargs):
+        """.to(dtype / device), .float(), .cuda(): the cached views would keep the old
+        tensors (and their memory) alive, so drop them."""
+        self._forget_caches()
+        return super()._apply(fn, *args, **kwargs)
 
     def reset_parameters(self, std: float = 0.02) -> None:
         """Normal(0, std) weights, zero biases, unit LayerNorms (the original code's init)."""
@@ -461,27 +583,124 @@ class TransformerXL(
 
     # ---- inference: keys and values cached ---------------------------------------------
 
-    def position_keys_cached(self, K: int, device, dtype) -> list[Tensor]:
+    def position_keys_cached(self, K: int, device, dtype, key_last=False) -> list[Tensor]:
         """W_r R for distances K-1 ... 0, per layer [H, K, Dh], from a table kept between
         calls (it depends only on the weights). Rebuilt when the weights change or a longer
-        memory needs more distances."""
-        weights = [layer.attn.r_proj.weight for layer in self.layers]
-        key = (
-            device,
-            dtype,
-            self.config.clamp_len,
-            tuple((w.data_ptr(), w._version) for w in weights),
-        )
+        memory needs more distances. Stored key-last like KVMemory's keys: the views
+        returned are transposes of [H, Dh, K] blocks, or those blocks with key_last (a
+        step's (q + v) · W_r R is then a product over contiguous rows)."""
         table = self._position_table
-        if table is None or table[0] != key or table[1] < K - 1:
+        setting = (device, dtype, self.config.clamp_len)
+        if (
+            table is None
+            or table.setting != setting
+            or table.longest < K - 1
+            or _fingerprint(table.weights) != table.fingerprint
+        ):
             longest = max(2 * (K - 1), 256)
             r = self.pos_enc(self.distances(longest + 1, device), dtype)  # longest ... 0
-            table = (key, longest, [layer.attn.position_keys(r) for layer in self.layers])
+            weights = [layer.attn.r_proj.weight for layer in self.layers]
+            keys = [layer.attn.position_keys(r).mT.contiguous() for layer in self.layers]
+            table = _PositionTable(setting, weights, _fingerprint(weights), longest, keys)
             self._position_table = table
-        _, longest, keys = table
-        return [k[:, longest - (K - 1) :] for k in keys]
+        last = table.last  # the views of the last K (a full memory asks for it again)
+        if last is None or last[0] != K:  # one tuple, swapped whole: threads share a model
+            last = (K, [k[:, :, table.longest - (K - 1) :] for k in table.keys])  # [H, Dh, K]
+            table.last = last
+        return last[1] if key_last else [k.mT for k in last[1]]
 
-    @torch.no_grad()
+    def step_weights(self) -> list[StepWeights]:
+        """The layers' StepWeights, kept between steps. They hold views of the parameters
+        and copies (u and v stacked, short-rowed weights transposed), so they are rebuilt
+        when any parameter changes: in place (an optimizer step, load_state_dict: its
+        version counter moves) or by a new tensor (``p.data = ...``: its address moves;
+        .to() and load_state_dict(assign=True) also drop the cache outright)."""
+        cache = self._step_cache
+        if cache is not None:
+            params, key, weights = cache
+            if _fingerprint(params) == key:
+                return weights
+        with torch.inference_mode(False), torch.no_grad():  # plain tensors, usable anywhere
+            weights = [
+                StepWeights.of(layer, *self.biases(i)) for i, layer in enumerate(self.layers)
+            ]
+        params = [p for layer in self.layers for p in layer.parameters()]
+        if not self.config.untie_r:
+            params += [self.u, self.v]
+        self._step_cache = (params, _fingerprint(params), weights)
+        return weights
+
+    def _step(
+        self,
+        input_ids: Tensor,  # [B, 1]
+        memory: KVMemory,  # reserved for one more position
+        output_attentions: bool,
+        mem_len: int,
+        targets: Tensor | None,
+    ) -> CachedOutput:
+        """forward_cached for one token, the generation hot path: the same equations as
+        RelMultiHeadAttention / PositionwiseFF, for one query, in few operations.
+
+        A step does little arithmetic: its time goes to reading every weight and the
+        whole memory once (28 MB at demo size, memory 512) and to the overhead of each
+        op. So: fused adds (addmm, baddbmm), batch and heads merged into the batch of
+        bmm, keys and position keys stored key-last (q · K over contiguous rows, no
+        transpose), weights laid out for one-row products (StepWeights), no mask (a
+        same_length cut is a slice), no relative shift (one query's row already lines
+        up), no dropout.
+        """
+        cfg = self.config
+        B, H, Dh = input_ids.size(0), cfg.n_head, cfg.d_head
+        M, start, new = len(memory), memory.start, memory.end  # `new`: the token's slot
+        # same_length hides the oldest keys beyond mem_len (attention_mask's rule for one
+        # query): keys lo ... new are visible, K of them. The query always sees itself.
+        hidden = max(0, min(M + 1 - mem_len, M)) if cfg.same_length else 0
+        lo, K = start + hidden, M + 1 - hidden
+        scale = 1.0 / math.sqrt(Dh)
+
+        x = self.embed(input_ids).view(B, cfg.d_model)  # [B, d]
+        # W_r R for distances K-1 ... 0, key-last: per layer [H, Dh, K]
+        r_k = self.position_keys_cached(K, x.device, x.dtype, key_last=True)
+        attentions = []
+        for layer, w in enumerate(self.step_weights()):
+            # keys [B, H, Dh, cap] and [B·H, Dh, cap]; values [B, H, cap, Dh], [B·H, cap, Dh]
+            keys4, keys, values4, values = memory.step_views(layer)
+            # ---- attention: h = LN(x + W_o Σ_j p_j v_j)  (pre-norm: x + W_o Σ ... of LN(x))
+            a = torch.layer_norm(x, *w.norm_attn) if w.pre_lnorm else x
+            qkv = torch.mm(a, w.w_qkv).view(B, 3, H, Dh)  # q, k, v of the new token
+            keys4.select(3, new).copy_(qkv.select(1, 1))  # the token joins the memory
+            values4.select(2, new).copy_(qkv.select(1, 2))
+            q_uv = qkv.narrow(1, 0, 1) + w.uv  # [B, 2, H, Dh]: q + u, q + v
+            # (b)+(d) (q + v) · W_r R_Δ, one row per head shared by the batch: [H, B, K]
+            position = torch.bmm(q_uv.select(1, 1).transpose(0, 1), r_k[layer])
+            # A_j = ((q + u) · k_j + position_j) / sqrt(Dh): (a)+(c) fused in: [B·H, 1, K]
+            scores = torch.baddbmm(
+                position.transpose(0, 1).reshape(B * H, 1, K),
+                q_uv.select(1, 0).reshape(B * H, 1, Dh),
+                keys.narrow(2, lo, K),  # keys lo ... new
+                beta=scale,
+                alpha=scale,
+            )
+            probs = scores.softmax(dim=-1)  # [B·H, 1, K]
+            mixed = torch.bmm(probs, values.narrow(1, lo, K)).view(B, H * Dh)  # Σ_j p_j v_j
+            h = torch.addmm(x, mixed, w.w_out)  # x + W_o (...)
+            if not w.pre_lnorm:
+                h = torch.layer_norm(h, *w.norm_attn)
+            if output_attentions:  # [B, H, 1, M + 1], hidden keys 0 as in forward's mask
+                attentions.append(F.pad(probs.view(B, H, 1, K), (hidden, 0)))
+            # ---- feed-forward: h = LN(h + W_2 ReLU(W_1 h + b_1) + b_2)  (or pre-norm)
+            a = torch.layer_norm(h, *w.norm_ff) if w.pre_lnorm else h
+            inner = torch.addmm(w.b_ff1, a, w.w_ff1).relu_()  # [B, d_inner]
+            y = torch.addmm(w.b_ff2, inner, w.w_ff2).add_(h)  # h + FF(h)
+            x = y if w.pre_lnorm else torch.layer_norm(y, *w.norm_ff)
+
+        memory.commit(1, mem_len)
+        return CachedOutput(
+            memory=memory,
+            attentions=attentions if output_attentions else None,
+            **self._head(x.view(B, 1, -1), targets),
+        )
+
     def forward_cached(
         self,
         input_ids: Tensor,
@@ -494,7 +713,9 @@ class TransformerXL(
         """The forward pass for generation: the memory is kept as keys and values.
 
         Same logits as ``forward`` with the equivalent hidden-state memory; ``memory`` is
-        advanced in place (a new one is made when None). Inference only (eval mode).
+        advanced in place (a new one is made when None). Inference only (eval mode); runs
+        in torch.inference_mode, so its outputs are inference tensors (clone one to change
+        it in place). One token (T = 1) takes the lean path ``_step``.
         last_only: logits of the last position only (all that sampling needs; a 64-token
         prompt segment over 267k words would otherwise make 17M scores).
         """
@@ -504,18 +725,22 @@ class TransformerXL(
         mem_len = self.mem_len if mem_len is None else mem_len
         memory = KVMemory() if memory is None else memory
         B, T = input_ids.shape
-        h = self.embed(input_ids)
         cfg = self.config
-        memory.reserve((cfg.n_layer, B, cfg.n_head, cfg.d_head), T, h.dtype, h.device)
-        M = len(memory)
-        r_k = self.position_keys_cached(M + T, h.device, h.dtype)
-        mask = self.attention_mask(T, M, mem_len, h.device)
-        memory_kv = [memory.extend(layer) for layer in range(cfg.n_layer)]
-        h, _, attentions = self._layers(h, memory_kv, r_k, mask, output_attentions)
-        memory.commit(T, mem_len)
-        return CachedOutput(
-            memory=memory, attentions=attentions, **self._head(h, targets, last_only)
-        )
+        weight = self.layers[0].attn.qkv.weight  # the buffers take the model's dtype, device
+        memory.reserve((cfg.n_layer, B, cfg.n_head, cfg.d_head), T, weight.dtype, weight.device)
+        with torch.inference_mode():
+            if T == 1:
+                return self._step(input_ids, memory, output_attentions, mem_len, targets)
+            h = self.embed(input_ids)
+            M = len(memory)
+            r_k = self.position_keys_cached(M + T, h.device, h.dtype)
+            mask = self.attention_mask(T, M, mem_len, h.device)
+            memory_kv = [memory.extend(layer) for layer in range(cfg.n_layer)]
+            h, _, attentions = self._layers(h, memory_kv, r_k, mask, output_attentions)
+            memory.commit(T, mem_len)
+            return CachedOutput(
+                memory=memory, attentions=attentions, **self._head(h, targets, last_only)
+            )
 
     # ---- loading: strict, with errors that name the file --------------------------------
 
