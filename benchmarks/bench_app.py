@@ -144,8 +144,14 @@ def run_session(
 
     # ssl_verify=False: gradio_client otherwise builds an SSL context (reads the CA bundle)
     # for every request: 4x the CPU of the app's own work, on the same cores.
+    # timeout: httpx's default 5 s fails a request on a loaded machine; here it is measured.
     client = Client(
-        url, verbose=False, analytics_enabled=False, download_files=False, ssl_verify=False
+        url,
+        verbose=False,
+        analytics_enabled=False,
+        download_files=False,
+        ssl_verify=False,
+        httpx_kwargs={"timeout": 120},
     )
     prompt = f"{NAMES[seed % len(NAMES)]}:\n"
     settings = dict(memory=True, temperature=0.8, top_k=0, top_p=1.0, seed=seed)
