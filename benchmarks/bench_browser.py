@@ -22,7 +22,8 @@ its own free port; stopped at the end, also on error) and gets a fresh browser c
   counted. The app before has no Play: n/a.
 - localStorage (KB) at the end: what Gradio's run history kept.
 - --profile: after the timed Steps, --profile-steps more under the CDP sampling profiler
-  (200 µs); the JavaScript self time per Step by script and function, and per script.
+  (200 µs): self time per Step by script and by function. The profiler slows the page, so
+  its totals exceed the main-thread figures: read them as shares, not as times.
 
 The baseline (--baseline-dir) is measured in the same run, right after this checkout's app,
 with the same model, prompt and browser. Gradio's run history: the old app launched with
@@ -149,7 +150,9 @@ def profile_steps(page, cdp, steps: int, top: int = 15) -> dict:
         frame = frames[node_id]
         if frame["functionName"] == "(idle)":
             continue
-        script = frame["url"].rsplit("/", 1)[-1].split("?")[0] or "(native)"
+        # No URL: the browser's own work (layout, style, paint: "(program)") and DOM calls,
+        # or a script the page inlined (the app's views.js comes in the page's head).
+        script = frame["url"].rsplit("/", 1)[-1].split("?")[0] or "(native or inline)"
         by_function[f"{frame['functionName'] or '(anonymous)'} @ {script}"] += us
         by_script[script] += us
 
