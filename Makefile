@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean chromium
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,11 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 run: $(VENV)/.installed
 	$(PY) app.py
 
-test: $(VENV)/.installed
+# Debian's chromium for the browser tests: installed when missing and allowed, else a message.
+chromium:
+	scripts/install-chromium.sh
+
+test: chromium $(VENV)/.installed
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed

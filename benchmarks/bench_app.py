@@ -11,12 +11,15 @@ browser gets them. Reported per Step:
     python benchmarks/bench_app.py --clients 2 --steps 5   # a smoke run
     python benchmarks/bench_app.py --url http://127.0.0.1:7860/   # an app already running
     python benchmarks/bench_app.py --model tiny --steps 30 --check  # tests/test_concurrency.py
+    python benchmarks/bench_app.py --app-dir ../wt-before   # another checkout's app.py
 
 Without --url the app is started as a subprocess (python app.py) on a free port, with
 --model (default: weights/shakespeare-char when present, else a random model of the same
 shape made in a temporary folder; ``tiny``: the 2-layer random model of the tests). Each
 session has its own prompt and seed, and first generates --fill characters so that its
-memory is full (mem_len keys per Step). --check first runs every session alone, one after
+memory is full (mem_len keys per Step). --app-dir runs another checkout's app.py (its own
+txl package, this interpreter), to compare versions on the same machine in the same run.
+--check first runs every session alone, one after
 the other, and then checks that each session's text under load is the same (no cross-talk).
 """
 
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -79,33 +83,57 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(model: str, concurrency: int | None) -> tuple[subprocess.Popen, str]:
+# 127.0.0.1 directly, whatever http_proxy says.
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def start_app(
+    model: str,
+    concurrency: int | None = None,
+    app_dir: Path = ROOT,
+    extra_env: dict | None = None,
+) -> tuple[subprocess.Popen, str]:
+    """``python app.py`` of ``app_dir`` on a free port; returns once the page is served."""
     port = free_port()
     env = dict(
         os.environ, TXL_MODEL=model, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port)
     )
     if concurrency:
         env["TXL_CONCURRENCY"] = str(concurrency)
+    env.update(extra_env or {})
+    # The app's output goes to a file: a pipe nobody reads would block it once full.
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (open as long as the app runs)
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py")],
-        cwd=ROOT,
+        [sys.executable, str(Path(app_dir) / "app.py")],
+        cwd=app_dir,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
         text=True,
     )
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 120
+    deadline = time.time() + 180
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the app exited:\n{proc.stdout.read()[-3000:]}")
+            log.seek(0)
+            raise RuntimeError(f"the app exited:\n{log.read()[-3000:]}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return proc, url
+            with NO_PROXY.open(url, timeout=5) as response:
+                if response.status == 200:
+                    return proc, url
         except OSError:
             time.sleep(0.5)
+    stop_app(proc)
+    raise RuntimeError("the app did not start within 180 s")
+
+
+def stop_app(proc: subprocess.Popen) -> None:
     proc.terminate()
-    raise RuntimeError("the app did not start within 120 s")
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def run_session(
@@ -116,8 +144,14 @@ def run_session(
 
     # ssl_verify=False: gradio_client otherwise builds an SSL context (reads the CA bundle)
     # for every request: 4x the CPU of the app's own work, on the same cores.
+    # timeout: httpx's default 5 s fails a request on a loaded machine; here it is measured.
     client = Client(
-        url, verbose=False, analytics_enabled=False, download_files=False, ssl_verify=False
+        url,
+        verbose=False,
+        analytics_enabled=False,
+        download_files=False,
+        ssl_verify=False,
+        httpx_kwargs={"timeout": 120},
     )
     prompt = f"{NAMES[seed % len(NAMES)]}:\n"
     settings = dict(memory=True, temperature=0.8, top_k=0, top_p=1.0, seed=seed)
@@ -150,6 +184,9 @@ def main() -> None:
     parser.add_argument("--url", help="benchmark an app that is already running")
     parser.add_argument("--model", help="model folder or Hub id for the app started here")
     parser.add_argument("--concurrency", type=int, help="TXL_CONCURRENCY of the app started here")
+    parser.add_argument(
+        "--app-dir", type=Path, default=ROOT, help="the checkout whose app.py is started"
+    )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
         "--check",
@@ -171,8 +208,8 @@ def main() -> None:
             else:
                 model = random_model(Path(tmp.name) / "random")
                 print(f"no trained weights: a random model of the same shape ({model})")
-        proc, url = start_app(model, args.concurrency)
-        print(f"app started at {url} with {model}")
+        proc, url = start_app(model, args.concurrency, args.app_dir.resolve())
+        print(f"app of {args.app_dir} started at {url} with {model}")
     try:
         alone: dict[int, list[str]] = {}
         if args.check:  # every session by itself first: the texts to expect under load
@@ -195,8 +232,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_app(proc)
         if tmp is not None:
             tmp.cleanup()
 
