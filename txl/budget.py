@@ -248,8 +248,8 @@ class MemoryBudget:
     def _make_room(self, need: int, session: Session) -> None:
         if need > self.limit:
             raise BudgetError(
-                f"this request needs up to {need / MB:,.0f} MB for this session's memory, "
-                f"more than the server's whole memory budget ({self.limit / MB:,.0f} MB, "
+                f"this request needs up to {megabytes(need)} for this session's memory, "
+                f"more than the server's whole memory budget ({megabytes(self.limit)}, "
                 "TXL_MEMORY_BUDGET_MB): lower mem_len (or switch the memory off) and try again"
             )
         accounts = [(s, a) for s, a in list(self._accounts.items()) if s is not session]
@@ -283,8 +283,8 @@ class MemoryBudget:
                 else "the other sessions' memories are in use right now"
             )
             raise BudgetError(
-                f"The server is full: its memory budget ({self.limit / MB:,.0f} MB) cannot "
-                f"make room for this session's memory ({need / MB:,.1f} MB) because {why}. "
+                f"The server is full: its memory budget ({megabytes(self.limit)}) cannot "
+                f"make room for this session's memory ({megabytes(need)}) because {why}. "
                 "Your text and memory are unchanged: try again in a moment, or use a shorter "
                 "mem_len."
             )
@@ -314,6 +314,10 @@ class MemoryBudget:
             account.remove_file()  # removes the file once; detaches the finalizer
         account.path, account.file_bytes, account.unloaded_bytes = None, 0, 0
         account.remove_file = None
+
+
+def megabytes(n: int) -> str:
+    return f"{n / MB:,.0f} MB" if n >= 10 * MB else f"{n / MB:.2f} MB"
 
 
 def _remove(path: Path) -> None:
