@@ -232,7 +232,7 @@ class TXLApp(Server):
     def reset(self, state):
         """Forget the text and the memory (the settings stay)."""
         state = self.ensure(state)
-        with self.using(state):
+        with self.using(state, grows=False):
             state.session.reset()
             return self.all_views(state, None, None)
 
@@ -330,7 +330,7 @@ class TXLApp(Server):
         step the slider shows (0: the newest; -k: k steps back)."""
         if state is None or state.expired:
             return gr.skip(), gr.skip()
-        with self.using(state):  # the history may be on disk
+        with self.using(state, grows=False):  # the history may be on disk
             back = -as_int("history", back, -HISTORY_STEPS, 0)
             return self.past_views(state, back, layer, head)
 

@@ -271,14 +271,19 @@ def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
     assert a.session.unloaded
     a, status = step(txl_app, a, 0)  # and comes back
     assert "memory restored from disk in" in status and not a.session.unloaded
+    c, _ = step(txl_app, None, 2)
+    c, _ = step(txl_app, c, 2)  # b, the least recently used, goes to disk
+    assert b.session.unloaded
+    text_view, attention = txl_app.redraw(0, None, None, b)  # the history slider
+    assert not b.session.unloaded and attention is not None and b.session.history
     too_small = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(need // 4))
     with pytest.raises(gr.Error, match="whole memory budget"):
         step(too_small, None, 0)
     # expiry removes the file of a session whose memory is on disk
     txl_app.sessions.ttl = 0
-    assert b.session.unloaded and txl_app.budget.files()
+    assert any(x.session.unloaded for x in (a, b, c)) and txl_app.budget.files()
     txl_app.sessions.sweep()
-    assert b.expired and a.expired and txl_app.budget.files() == []
+    assert all(x.expired for x in (a, b, c)) and txl_app.budget.files() == []
 
 
 N_THREADS, SESSIONS_PER_THREAD, ROUNDS = 6, 3, 8

@@ -430,11 +430,12 @@ class Server:
         return self.sessions.add(self.new_state(self.default_source, self.default_model))
 
     @contextmanager
-    def using(self, state: UserState, mem_len=None, steps=0):
+    def using(self, state: UserState, mem_len=None, steps=0, grows: bool = True):
         """A request on the caller's session: hold its lock (user_errors), then room in
         the server's memory budget for what it may hold with ``mem_len`` (as sent; the
         session's when None or invalid) after ``steps`` steps, its memory read back
-        first if it was on disk (``state.restored_s`` says how long that took)."""
+        first if it was on disk (``state.restored_s`` says how long that took).
+        ``grows=False``: the request adds no memory (a redraw, a reset)."""
         with user_errors(state):
             s = state.session
             try:
@@ -445,7 +446,7 @@ class Server:
                 steps = min(max(0, int(float(steps))), s.history_steps)
             except (TypeError, ValueError, OverflowError):
                 steps = s.history_steps
-            growth = growth_bytes(s, mem_len, steps)
+            growth = growth_bytes(s, mem_len, steps) if grows else 0
             with self.budget.use(s, state.lock, growth) as restored_s:
                 state.restored_s = restored_s
                 yield
