@@ -34,6 +34,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 
 import json  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
 import gradio as gr  # noqa: E402
@@ -729,6 +731,9 @@ def main() -> None:
     # One thread per model call: events run concurrently, and a step's ops are far too
     # small to split (two threads on busy cores made a step 20x slower in benchmarks).
     torch.set_num_threads(env_int("TXL_TORCH_THREADS", 1))
+    # SIGTERM (how a Space or a supervisor stops the app) ends it like Ctrl-C, so that the
+    # folder of offloaded memories is removed on the way out (txl.budget.MemoryBudget).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = TXLApp()
     for problem in (app.load_error, app.load_notice):
         if problem:

@@ -107,3 +107,4 @@ def test_40_sessions_under_a_small_budget(tmp_path):
             time.sleep(0.5)
     finally:
         stop_app(proc)
+    assert not list(offload_tmp.glob("txl-offload-*")), "the offload folder outlived the app"
