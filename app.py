@@ -14,6 +14,9 @@ TXL_MAX_PARAMS (largest model the Load box accepts, default 400M parameters: the
 WikiText-103 model has 285M), TXL_DTYPE (float32, bfloat16, or auto: bfloat16 for models
 over 100M parameters, the default), TXL_SESSION_MEMORY_MB (the most memory one session's
 Transformer-XL memory may take, default 256: it caps mem_len for big models),
+TXL_MEMORY_BUDGET_MB (all sessions' memories together, default half the machine's memory:
+beyond it idle sessions' memories wait on disk), TXL_OFFLOAD_DISK_MB (the disk they may
+take, default half the free space of the temporary folder's disk),
 TXL_TORCH_THREADS (torch threads per model call, default 1), TXL_MODEL_DIRS (folders,
 separated by os.pathsep, besides the app's own, that the Load box may read models from).
 """
@@ -31,6 +34,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 
 import json  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
 import gradio as gr  # noqa: E402
@@ -129,6 +134,7 @@ class TXLApp(Server):
 
     def all_views(self, state: UserState, layer, head, started: float | None = None):
         text, text_view, status = self.text_views(state.session, layer, head)
+        status += self.restore_note(state)
         attention, summary = self.attention_views(state, layer, head)
         if summary is not None and started is not None:
             summary["handler_ms"] = round((time.perf_counter() - started) * 1e3, 2)
@@ -174,7 +180,7 @@ class TXLApp(Server):
         prompt with the seed: the same arguments give the same text."""
         state = self.ensure(state)
         s = state.session
-        with user_errors(state):
+        with self.using(state, mem_len, steps=n_tokens):
             n = as_int("n_tokens", n_tokens, 1, MAX_NEW_TOKENS)
             self.apply_settings(s, memory, mem_len, temperature, top_k, top_p, seed)
             if fresh or not s.ids or s.prompt != (prompt or ""):
@@ -217,7 +223,7 @@ class TXLApp(Server):
         started = time.perf_counter()
         state = self.ensure(state)
         s = state.session
-        with user_errors(state):
+        with self.using(state, mem_len, steps=1):
             self.apply_settings(s, memory, mem_len, temperature, top_k, top_p, seed)
             if not s.ids or s.prompt != (prompt or ""):
                 self.start(s, prompt)
@@ -228,7 +234,7 @@ class TXLApp(Server):
     def reset(self, state):
         """Forget the text and the memory (the settings stay)."""
         state = self.ensure(state)
-        with user_errors(state):
+        with self.using(state, grows=False):
             state.session.reset()
             return self.all_views(state, None, None)
 
@@ -316,16 +322,17 @@ class TXLApp(Server):
         """Memory switched on/off or its length changed: rebuild and redraw the text."""
         if state is None:  # nothing generated yet: the settings apply at the first step
             return gr.skip(), gr.skip(), state
-        with user_errors(state):
+        with self.using(state, mem_len):
             self.apply_settings(state.session, memory, mem_len, temperature, top_k, top_p, seed)
-            return (*self.text_views(state.session, layer, head)[1:], state)
+            _, text_view, status = self.text_views(state.session, layer, head)
+            return text_view, status + self.restore_note(state), state
 
     def redraw(self, back, layer, head, state):
         """Layer or head changed, or the history slider moved: both views again, of the
         step the slider shows (0: the newest; -k: k steps back)."""
         if state is None or state.expired:
             return gr.skip(), gr.skip()
-        with user_errors(state):
+        with self.using(state, grows=False):  # the history may be on disk
             back = -as_int("history", back, -HISTORY_STEPS, 0)
             return self.past_views(state, back, layer, head)
 
@@ -724,6 +731,9 @@ def main() -> None:
     # One thread per model call: events run concurrently, and a step's ops are far too
     # small to split (two threads on busy cores made a step 20x slower in benchmarks).
     torch.set_num_threads(env_int("TXL_TORCH_THREADS", 1))
+    # SIGTERM (how a Space or a supervisor stops the app) ends it like Ctrl-C, so that the
+    # folder of offloaded memories is removed on the way out (txl.budget.MemoryBudget).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = TXLApp()
     for problem in (app.load_error, app.load_notice):
         if problem:

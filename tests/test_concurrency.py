@@ -14,9 +14,6 @@ Latency under this load is measured by ``benchmarks/bench_app.py --tiny --steps 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,11 +29,11 @@ import torch  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
+from benchmarks.bench_soak import start_app, stop_app  # noqa: E402
 from tests.raw_api import call  # noqa: E402
 from tests.test_app import MEM_LEN, VOCAB, serve, tiny_model  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 N_CLIENTS, N_STEPS = 16, 30
 NAMES = [
     "ROMEO", "JULIET", "MERCUTIO", "TYBALT", "NURSE", "FRIAR", "CAPULET", "BENVOLIO",
@@ -169,47 +166,20 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def app_process(tmp_path):
     """python app.py on a free port, TTL and cap small, the memory-heavy model."""
     torch.manual_seed(0)
     model = tmp_path / "model"
     TransformerXL(TXLConfig(vocab=VOCAB, **MEMORY_MODEL)).save_pretrained(model)
-    port = free_port()
-    env = dict(
-        os.environ,
-        TXL_MODEL=str(model),
-        GRADIO_SERVER_NAME="127.0.0.1",
-        GRADIO_SERVER_PORT=str(port),
-        TXL_SESSION_TTL=str(TTL),
-        TXL_MAX_SESSIONS=str(CAP),
-        TXL_CONCURRENCY="4",
-    )
-    log = open(tmp_path / "app.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, stdout=log, stderr=log
-    )
+    env = dict(TXL_SESSION_TTL=TTL, TXL_MAX_SESSIONS=CAP, TXL_CONCURRENCY=4)
+    # start_app waits for launch() to finish its own check of the page, and starts the
+    # app again when that check timed out on a busy machine (the app then exits).
+    proc, url = start_app(str(model), env, tmp_path / "app.log")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the app did not start within 120 s"
-                time.sleep(0.3)
-        yield proc, f"http://127.0.0.1:{port}/"
+        yield proc, url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+        stop_app(proc)
 
 
 def sessions(url: str, n: int, threads: int = 8) -> None:

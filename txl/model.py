@@ -253,6 +253,41 @@ class KVMemory:
         self.end += T
         self.truncate(mem_len)
 
+    # ---- offload (txl.budget): the whole state as named tensors, and back ----------------
+    # Generic on purpose: every tensor, list-of-tensors and int attribute is saved by name,
+    # whatever the buffers' layout, so the memory read back is bit for bit the one written.
+
+    def to_tensors(self) -> dict[str, Tensor]:
+        """All the state: "tensor.<name>", "list.<name>.<i>" (with "list.<name>.len")
+        and "int.<name>" (a 0-d int64 tensor). The tensors are the buffers, not copies."""
+        out: dict[str, Tensor] = {}
+        for name, value in vars(self).items():
+            if isinstance(value, Tensor):
+                out[f"tensor.{name}"] = value
+            elif isinstance(value, list) and all(isinstance(t, Tensor) for t in value):
+                out[f"list.{name}.len"] = torch.tensor(len(value), dtype=torch.int64)
+                out.update({f"list.{name}.{i}": t for i, t in enumerate(value)})
+            elif isinstance(value, int) and not isinstance(value, bool):
+                out[f"int.{name}"] = torch.tensor(value, dtype=torch.int64)
+            else:
+                raise TypeError(f"KVMemory.{name}: cannot save a {type(value).__name__}")
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor]) -> KVMemory:
+        """The KVMemory that to_tensors() described (the tensors are used as they are)."""
+        memory = cls()
+        for key, value in tensors.items():
+            kind, name = key.split(".", 1)
+            if kind == "tensor":
+                setattr(memory, name, value)
+            elif kind == "int":
+                setattr(memory, name, int(value))
+            elif kind == "list" and name.endswith(".len"):
+                name = name.removesuffix(".len")
+                setattr(memory, name, [tensors[f"list.{name}.{i}"] for i in range(int(value))])
+        return memory
+
 
 def make_tokenizer(config: TXLConfig):
     """The tokenizer of config.vocab (characters or words), None without a vocab."""

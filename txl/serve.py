@@ -4,12 +4,12 @@ Session. ``app.py`` lays out the page and wires events to thin handlers built on
 ``Server``; everything here can be tested without a browser.
 
 Environment: TXL_MODEL (model to load first), TXL_MAX_SESSIONS, TXL_SESSION_TTL,
-TXL_MAX_PARAMS, TXL_DTYPE, TXL_SESSION_MEMORY_MB, TXL_MODEL_DIRS: see app.py's docstring.
+TXL_MAX_PARAMS, TXL_DTYPE, TXL_SESSION_MEMORY_MB, TXL_MODEL_DIRS, TXL_MEMORY_BUDGET_MB,
+TXL_OFFLOAD_DISK_MB: see app.py's docstring (and txl/budget.py for the last two).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import tempfile
@@ -25,6 +25,13 @@ import gradio as gr
 import torch
 
 from . import viz
+from .budget import (
+    MemoryBudget,
+    default_budget_bytes,
+    growth_bytes,
+    trim_memory,  # the sweep's; it lives with the allocator settings now
+    tune_allocator,
+)
 from .config import TXLConfig
 from .hub import CONFIG_NAME, TXLLoadError
 from .model import TransformerXL
@@ -165,24 +172,11 @@ class UserState:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     last_used: float = field(default_factory=time.monotonic, repr=False)
     expired: bool = False  # released by Sessions: its text and memory are gone
+    restored_s: float | None = None  # this request read the memory back from disk: seconds
 
     @property
     def model(self) -> TransformerXL:
         return self.session.model
-
-
-try:  # glibc: hand freed heap pages back to the OS
-    _malloc_trim = ctypes.CDLL(None).malloc_trim
-except (AttributeError, OSError):  # musl, macOS, Windows: nothing to do
-    _malloc_trim = None
-
-
-def trim_memory() -> None:
-    """glibc keeps the memory that Python and torch free in its arenas, so a server's RSS
-    stays at its peak after the sessions that made it are gone; malloc_trim returns it
-    (measured after 200 sessions expired: +42 % without, +2 % with; tests/test_concurrency)."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
 
 
 class Sessions:
@@ -193,11 +187,12 @@ class Sessions:
     it, and is written to keep a closed tab's state for an hour whatever the time_to_live
     (with Starlette 1.x it does not notice the close). So a sweep every second frees the
     text and memory of every session idle for ``ttl`` seconds itself, and hands the freed
-    memory back to the OS whenever a session was released or dropped.
+    memory back to the OS whenever a session was released or dropped. ``on_release(session)``
+    runs after a session was freed (the memory budget forgets it and removes its file).
     """
 
-    def __init__(self, ttl: float, every: float = 1.0):
-        self.ttl, self.every = ttl, every
+    def __init__(self, ttl: float, every: float = 1.0, on_release=None):
+        self.ttl, self.every, self.on_release = ttl, every, on_release
         self._states: weakref.WeakSet[UserState] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._count = 0  # states alive at the last sweep: fewer now means some were dropped
@@ -229,6 +224,8 @@ class Sessions:
                 return False
             state.session.reset()
             state.expired = self._freed = True
+            if self.on_release is not None:
+                self.on_release(state.session)
             return True
         finally:
             state.lock.release()
@@ -350,7 +347,9 @@ class Server:
         default_source: str | None = None,
         cache: ModelCache | None = None,
         model_dirs: list[str] | None = None,
+        budget: MemoryBudget | None = None,
     ):
+        tune_allocator()  # before the server's threads start: see txl/budget.py
         self.default_source = resolve_source(default_source or os.environ.get("TXL_MODEL"))
         self.cache = cache or ModelCache(max_params=env_int("TXL_MAX_PARAMS", 400_000_000))
         # Folders the Load box may read models from: the app's own, the default model's,
@@ -361,7 +360,9 @@ class Server:
         if Path(self.default_source).is_absolute():
             self.model_dirs.append(Path(self.default_source))
         self.export_dir = Path(tempfile.mkdtemp(prefix="txl-export-"))
-        self.sessions = Sessions(env_int("TXL_SESSION_TTL", 3600))
+        # Every session's memory together, within TXL_MEMORY_BUDGET_MB (idle ones to disk).
+        self.budget = budget or MemoryBudget(default_budget_bytes())
+        self.sessions = Sessions(env_int("TXL_SESSION_TTL", 3600), on_release=self.budget.release)
         self.load_notice = None  # why the app serves the bundled model instead of TXL_MODEL
         try:  # load it now, so that the first visitor does not wait
             self.default_model = self.cache.get(self.default_source)
@@ -401,7 +402,7 @@ class Server:
         mem_len, with the buffers' spare room): all 256 steps of the bundled model at any
         mem_len, a few dozen of the WikiText-103 model's at its full memory."""
         kv = 1.25 * s.mem_len * memory_bytes_per_position(s.model)
-        s.history_bytes_limit = max(0, int(self.session_budget() - kv))
+        s.set_history_limit(max(0, int(self.session_budget() - kv)))  # trims it now
 
     def start_mem_len(self, model: TransformerXL) -> int:
         """A new session's mem_len: the model's own, within the per-session cap."""
@@ -427,6 +428,38 @@ class Server:
         if self.default_model is None:
             raise gr.Error(f"No model is loaded ({self.load_error}). Load one above.")
         return self.sessions.add(self.new_state(self.default_source, self.default_model))
+
+    @contextmanager
+    def using(self, state: UserState, mem_len=None, steps=0, grows: bool = True):
+        """A request on the caller's session: hold its lock (user_errors), then room in
+        the server's memory budget for what it may hold with ``mem_len`` (as sent; the
+        session's when None or invalid) after ``steps`` steps, its memory read back
+        first if it was on disk (``state.restored_s`` says how long that took).
+        ``grows=False``: the request adds no memory (a redraw, a reset)."""
+        with user_errors(state):
+            s = state.session
+            try:
+                mem_len = min(as_int("mem_len", mem_len, 0, MAX_MEM_LEN), self.mem_cap(s.model))
+            except ValueError:  # apply_settings refuses it with its message
+                mem_len = s.mem_len
+            try:  # as sent: the handler checks it; the history keeps at most history_steps
+                steps = min(max(0, int(float(steps))), s.history_steps)
+            except (TypeError, ValueError, OverflowError):
+                steps = s.history_steps
+            growth = growth_bytes(s, mem_len, steps) if grows else 0
+            with self.budget.use(s, state.lock, growth) as restored_s:
+                state.restored_s = restored_s
+                yield
+
+    @staticmethod
+    def restore_note(state: UserState) -> str:
+        """For the status line: the memory came back from disk in this request."""
+        if state.restored_s is None:
+            return ""
+        return (
+            f" · memory restored from disk in {state.restored_s * 1e3:,.0f} ms "
+            "(idle sessions' memories wait there while the server is busy)"
+        )
 
     @staticmethod
     def check_room(s: Session) -> None:

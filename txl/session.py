@@ -158,6 +158,15 @@ def _trace_bytes(trace: StepTrace) -> int:
     return trace.attentions.nbytes + trace.key_positions.nbytes
 
 
+@dataclass
+class _Unloaded:
+    """What stays in RAM of an unloaded memory: whether there was a KV memory, and the
+    history's traces without their arrays."""
+
+    kv: bool
+    history: list[StepTrace]
+
+
 class Session:
     """Prompt + generated text, the model's memory of it, and the sampling settings.
 
@@ -328,6 +337,7 @@ class Session:
         self.last_trace: StepTrace | None = None
         self.history: deque[StepTrace] = deque()  # oldest first
         self._history_bytes = 0
+        self._unloaded: _Unloaded | None = None  # see unload()
         self.generator.manual_seed(self._seed)
 
     def start(self, prompt: str) -> list[str]:
@@ -417,6 +427,15 @@ class Session:
         )
         self.history.append(kept)
         self._history_bytes += _trace_bytes(kept)
+        self._trim_history()
+
+    def set_history_limit(self, limit_bytes: int | None) -> None:
+        """Bound the step history's bytes (None: no bound), dropping its oldest steps now
+        if it holds more: a lower limit takes effect at once, not at the next step."""
+        self.history_bytes_limit = None if limit_bytes is None else max(0, int(limit_bytes))
+        self._trim_history()
+
+    def _trim_history(self) -> None:
         limit = self.history_bytes_limit
         while self.history and (
             len(self.history) > self.history_steps
@@ -522,6 +541,64 @@ class Session:
             f"temperature={self._temperature}, top_k={self._top_k}, top_p={self._top_p}, "
             f"seed={self.seed})"
         )
+
+    # ---- the memory as tensors: what a server counts, offloads and restores ------------
+
+    def resident_bytes(self) -> int:
+        """Bytes of the tensors this session holds in RAM besides the model's: its KV
+        buffers (spare room included: it is allocated), the pending logits, the step
+        history and the last step's attention. 0 for what is unloaded."""
+        kv = sum(t.nbytes for t in self.kv.to_tensors().values()) if self.kv else 0
+        logits = self._logits.nbytes if self._logits is not None else 0
+        history = 0 if self._unloaded else self._history_bytes
+        t = self.last_trace
+        last = t.attentions.nbytes if t is not None and t.attentions is not None else 0
+        return kv + logits + history + last
+
+    @property
+    def unloaded(self) -> bool:
+        """Whether the memory is out of RAM (unload() was called, reload() not yet)."""
+        return self._unloaded is not None
+
+    def unload(self) -> dict[str, Tensor]:
+        """Hand over the memory as named tensors and drop it from the session: the KV
+        memory (KVMemory.to_tensors), the pending logits and the step history's arrays.
+        The text, the settings, the generator and the last step's trace stay. Until
+        reload() with these tensors, the session must not be used."""
+        if self._unloaded is not None:
+            raise RuntimeError("this session's memory is already unloaded")
+        tensors: dict[str, Tensor] = {}
+        if self.kv is not None:
+            tensors.update({f"kv.{k}": t for k, t in self.kv.to_tensors().items()})
+        if self._logits is not None:
+            tensors["next_logits"] = self._logits
+        for i, trace in enumerate(self.history):
+            tensors[f"history.{i}.attentions"] = torch.from_numpy(trace.attentions)
+            tensors[f"history.{i}.key_positions"] = torch.from_numpy(trace.key_positions)
+        self._unloaded = _Unloaded(
+            kv=self.kv is not None,
+            history=[replace(t, attentions=None, key_positions=None) for t in self.history],
+        )
+        self.kv, self._logits, self.history = None, None, deque()
+        return tensors
+
+    def reload(self, tensors: dict[str, Tensor]) -> None:
+        """Take back the memory unload() handed over (read back from disk, say): the
+        session continues exactly as if it had never been unloaded."""
+        if self._unloaded is None:
+            raise RuntimeError("this session's memory is not unloaded")
+        kv = {k.removeprefix("kv."): t for k, t in tensors.items() if k.startswith("kv.")}
+        history = deque(
+            replace(
+                t,
+                attentions=tensors[f"history.{i}.attentions"].numpy(),
+                key_positions=tensors[f"history.{i}.key_positions"].numpy(),
+            )
+            for i, t in enumerate(self._unloaded.history)
+        )
+        self.kv = KVMemory.from_tensors(kv) if self._unloaded.kv else None
+        self._logits = tensors.get("next_logits")
+        self.history, self._unloaded = history, None
 
     # ---- the model calls ------------------------------------------------------------
 

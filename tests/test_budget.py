@@ -1,0 +1,335 @@
+"""The server-wide memory budget (txl/budget.py): accounting, least-recently-used offload
+to disk, exact restore, files removed on release and expiry, clear refusals that change
+nothing, the disk budget, and concurrent requests under a budget far below what the
+sessions would take."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import app
+from tests.test_app import MEM_LEN, tiny_model
+from txl import TransformerXL
+from txl.budget import BudgetError, MemoryBudget, growth_bytes
+from txl.model import KVMemory
+from txl.session import Session
+
+PROMPT = "ROMEO:\nBut soft! what light through yonder window breaks? It is the east. "
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return TransformerXL.from_pretrained(folder)
+
+
+def started(model, seed: int, steps: int = 3) -> Session:
+    s = Session(model, temperature=1.0, seed=seed)
+    s.start(PROMPT[: 40 + seed])
+    for _ in range(steps):
+        s.step()
+    return s
+
+
+def use(budget: MemoryBudget, s: Session, lock: threading.Lock, steps: int = 0, growth=0):
+    """One request on s through the budget: ``steps`` steps. Returns the restore's seconds."""
+    with lock, budget.use(s, lock, growth) as restored:
+        for _ in range(steps):
+            s.step()
+    return restored
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Equal bit for bit (a buffer's spare room may hold NaN, which torch.equal refuses)."""
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    return torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
+
+
+def same_memory(a: Session, b: Session) -> None:
+    """The same text, pending logits (bit for bit), history and memory span. (The KV
+    buffers themselves are compared where a session is checked against its own past:
+    their spare room holds whatever was there.)"""
+    assert a.text == b.text and a.ids == b.ids
+    assert torch.equal(a.next_logits, b.next_logits)
+    assert len(a.history) == len(b.history)
+    for ta, tb in zip(a.history, b.history):
+        assert np.array_equal(ta.attentions, tb.attentions)
+        assert np.array_equal(ta.key_positions, tb.key_positions)
+        assert ta.attentions.dtype == tb.attentions.dtype == np.float16
+    assert a.memory_info() == b.memory_info()
+
+
+# ---- KVMemory's two methods ---------------------------------------------------------------
+
+
+def test_kvmemory_round_trips_through_safetensors(model, tmp_path):
+    s = started(model, 0)
+    tensors = s.kv.to_tensors()
+    assert {"int.start", "int.end", "list.k.len", "list.v.len"} <= tensors.keys()
+    save_file(tensors, tmp_path / "kv.safetensors")
+    back = KVMemory.from_tensors(load_file(tmp_path / "kv.safetensors"))
+    assert (back.start, back.end, len(back)) == (s.kv.start, s.kv.end, len(s.kv))
+    assert len(back.k) == len(s.kv.k) == model.config.n_layer
+    for x, y in zip(back.k + back.v, s.kv.k + s.kv.v):
+        assert same_bits(x, y)
+    empty = KVMemory.from_tensors(KVMemory().to_tensors())
+    assert (empty.k, empty.v, len(empty)) == ([], [], 0)
+
+
+def test_unload_and_reload_continue_exactly(model, tmp_path):
+    s, alone = started(model, 1), started(model, 1)
+    before = s.resident_bytes()
+    kv_before = {k: t.clone() for k, t in s.kv.to_tensors().items()}
+    tensors = s.unload()
+    assert s.unloaded and s.kv is None and s.next_logits is None and not s.history
+    assert s.resident_bytes() < before / 4  # only the last step's attention stays
+    save_file(tensors, tmp_path / "s.safetensors")
+    del tensors
+    s.reload(load_file(tmp_path / "s.safetensors"))
+    assert not s.unloaded and s.resident_bytes() == before
+    kv_after = s.kv.to_tensors()
+    assert kv_after.keys() == kv_before.keys()
+    assert all(same_bits(kv_after[k], kv_before[k]) for k in kv_before)  # spare room too
+    same_memory(s, alone)
+    for _ in range(40):  # past mem_len: the memory slides, the buffers grow
+        s.step(), alone.step()
+        assert torch.equal(s.next_logits, alone.next_logits)
+    same_memory(s, alone)
+
+
+# ---- the budget -----------------------------------------------------------------------
+
+
+def test_accounting_counts_every_session_and_a_running_requests_peak(model):
+    budget = MemoryBudget(2**30)
+    sessions = [started(model, i) for i in range(3)]
+    locks = [threading.Lock() for _ in sessions]
+    for s, lock in zip(sessions, locks):
+        use(budget, s, lock, steps=2)
+    assert budget.in_ram() == sum(s.resident_bytes() for s in sessions)
+    growth = growth_bytes(sessions[0], MEM_LEN, 5)
+    with locks[0], budget.use(sessions[0], locks[0], growth):
+        # while the request runs it counts what it may grow to, not what it holds
+        during = budget.in_ram()
+        assert during == sum(s.resident_bytes() for s in sessions) + growth
+    assert budget.in_ram() == sum(s.resident_bytes() for s in sessions)
+    assert budget.offloads == 0 and budget.files() == []
+
+
+def test_growth_covers_what_a_request_adds(model):
+    """The room made before a request is at least what the session holds after it."""
+    s = Session(model, temperature=1.0, seed=0)
+    growth = growth_bytes(s, MEM_LEN, 20)
+    s.start(PROMPT * 3)
+    for _ in range(20):
+        s.step()
+    assert s.resident_bytes() <= growth
+
+
+def test_least_recently_used_goes_to_disk_first_and_comes_back_exactly(model):
+    a, b, c = (started(model, i) for i in range(3))
+    alone = {id(x): started(model, i) for i, x in enumerate((a, b, c))}
+    locks = {id(x): threading.Lock() for x in (a, b, c)}
+    size = max(x.resident_bytes() for x in (a, b, c))
+    budget = MemoryBudget(int(2.5 * size))  # room for two of the three
+    use(budget, a, locks[id(a)])
+    use(budget, b, locks[id(b)])
+    assert budget.offloads == 0
+    use(budget, c, locks[id(c)])  # a is the least recently used
+    assert budget.is_offloaded(a) and not budget.is_offloaded(b)
+    assert a.unloaded and len(budget.files()) == 1
+    assert budget.in_ram() <= budget.limit
+    restored = use(budget, a, locks[id(a)], steps=0)  # b now the least recently used
+    assert restored is not None and restored >= 0
+    assert not a.unloaded and budget.is_offloaded(b) and not budget.is_offloaded(c)
+    assert len(budget.files()) == 1 and budget.restores == 1
+    for x in (a, b, c):  # each in turn: the others go to disk and come back
+        for _ in range(5):
+            use(budget, x, locks[id(x)], steps=1)
+            alone[id(x)].step()
+            assert torch.equal(x.next_logits, alone[id(x)].next_logits)
+            assert budget.in_ram() <= budget.limit
+    use(budget, a, locks[id(a)]), use(budget, b, locks[id(b)])  # c goes last
+    for x in (a, b):
+        same_memory(x, alone[id(x)])
+    assert budget.restores >= 4 and budget.restore_seconds
+
+
+def test_released_and_dropped_sessions_take_their_files(model):
+    a, b = started(model, 0), started(model, 1)
+    la, lb = threading.Lock(), threading.Lock()
+    budget = MemoryBudget(int(1.5 * max(a.resident_bytes(), b.resident_bytes())))
+    use(budget, a, la)
+    use(budget, b, lb)
+    assert budget.is_offloaded(a) and len(budget.files()) == 1
+    budget.release(a)  # expiry: Sessions.release calls this after reset()
+    assert budget.files() == [] and budget.on_disk() == 0
+    c = started(model, 2)
+    use(budget, c, threading.Lock())
+    assert budget.is_offloaded(b) and len(budget.files()) == 1
+    del b  # the app dropped it without a release (Gradio's session cap): garbage
+    gc.collect()
+    assert budget.files() == []
+    folder = budget.folder
+    del budget
+    gc.collect()
+    assert not folder.exists()  # the private folder goes with the budget
+
+
+def test_a_session_larger_than_the_budget_is_refused_and_unchanged(model):
+    s, alone = started(model, 0), started(model, 0)
+    budget = MemoryBudget(s.resident_bytes() // 2)
+    lock = threading.Lock()
+    with pytest.raises(BudgetError, match="more than the server's whole memory budget"):
+        use(budget, s, lock, steps=1)
+    same_memory(s, alone)
+    assert budget.in_ram() == 0 and budget.files() == []
+
+
+def test_full_disk_or_busy_sessions_refuse_with_nothing_changed(model):
+    a, b = started(model, 0), started(model, 1)
+    b_alone = started(model, 1)
+    la, lb = threading.Lock(), threading.Lock()
+    size = max(a.resident_bytes(), b.resident_bytes())
+    budget = MemoryBudget(int(1.5 * size), disk_limit=size // 2)  # no room for a file
+    use(budget, a, la)
+    with pytest.raises(BudgetError, match="TXL_OFFLOAD_DISK_MB"):
+        use(budget, b, lb, steps=1)
+    assert not a.unloaded and budget.files() == []
+    same_memory(b, b_alone)
+    budget.disk_limit = 2**30
+    with la, pytest.raises(BudgetError, match="in use right now"):  # a is busy
+        use(budget, b, lb, steps=1)
+    same_memory(b, b_alone)
+    use(budget, b, lb, steps=1)  # a idle again: it goes to disk, b runs
+    b_alone.step()
+    assert a.unloaded and torch.equal(b.next_logits, b_alone.next_logits)
+
+
+def test_a_damaged_file_clears_the_session_with_a_message(model):
+    a, b = started(model, 0), started(model, 1)
+    la, lb = threading.Lock(), threading.Lock()
+    budget = MemoryBudget(int(1.5 * max(a.resident_bytes(), b.resident_bytes())))
+    use(budget, a, la), use(budget, b, lb)
+    budget.files()[0].write_bytes(b"not a safetensors file")
+    with pytest.raises(BudgetError, match="could not be read back"):
+        use(budget, a, la)
+    assert not a.unloaded and a.text == "" and a.kv is not None
+    assert not budget.is_offloaded(a)
+
+
+def test_history_limit_applies_at_once(model):
+    """Server.fit_history used to set the limit only: the history kept its bytes until the
+    next step. Session.set_history_limit trims at once."""
+    s = started(model, 0, steps=10)
+    one = s.memory_info()["history_bytes"] // 10
+    s.set_history_limit(3 * one)
+    assert len(s.history) == 3 and s.memory_info()["history_bytes"] <= 3 * one
+    s.set_history_limit(None)
+    assert len(s.history) == 3
+
+
+# ---- through the app ----------------------------------------------------------------------
+
+
+def settings(seed: int) -> list:
+    return [True, MEM_LEN, 1.0, 0, 1.0, seed]  # memory, mem_len, temperature, top_k, top_p, seed
+
+
+def step(txl_app, state, seed: int):
+    *_, status_out, attention, _, _, state = txl_app.step(
+        PROMPT[: 30 + seed], *settings(seed), None, None, state
+    )
+    return state, status_out
+
+
+def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
+    monkeypatch.setenv("TXL_SESSION_MEMORY_MB", "1")
+    big = app.TXLApp(folder, model_dirs=[])
+    a, _ = step(big, None, 0)
+    held = a.session.resident_bytes()
+    need = held + growth_bytes(a.session, MEM_LEN, 1)
+    # room for one Step, not for one Step beside another session
+    txl_app = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(need + held // 2))
+    a, status = step(txl_app, None, 0)
+    assert "restored" not in status
+    b, _ = step(txl_app, None, 1)  # a new session holds nothing yet: it fits beside a
+    assert not a.session.unloaded
+    b, _ = step(txl_app, b, 1)  # now a goes to disk
+    assert a.session.unloaded
+    a, status = step(txl_app, a, 0)  # and comes back
+    assert "memory restored from disk in" in status and not a.session.unloaded
+    c, _ = step(txl_app, None, 2)
+    c, _ = step(txl_app, c, 2)  # b, the least recently used, goes to disk
+    assert b.session.unloaded
+    text_view, attention = txl_app.redraw(0, None, None, b)  # the history slider
+    assert not b.session.unloaded and attention is not None and b.session.history
+    too_small = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(need // 4))
+    with pytest.raises(gr.Error, match="whole memory budget"):
+        step(too_small, None, 0)
+    # expiry removes the file of a session whose memory is on disk
+    txl_app.sessions.ttl = 0
+    assert any(x.session.unloaded for x in (a, b, c)) and txl_app.budget.files()
+    txl_app.sessions.sweep()
+    assert all(x.expired for x in (a, b, c)) and txl_app.budget.files() == []
+
+
+N_THREADS, SESSIONS_PER_THREAD, ROUNDS = 6, 3, 8
+
+
+def test_concurrent_steps_under_a_small_budget_equal_each_session_alone(folder):
+    """18 sessions, 6 threads stepping at once, a budget with room for what 6 running
+    requests may need and little more: sessions go to disk and back all the time, never
+    deadlock, never refuse, and each text is the one it writes alone."""
+    alone_app = app.TXLApp(folder, model_dirs=[])
+    n = N_THREADS * SESSIONS_PER_THREAD
+    alone = {}
+    for i in range(n):
+        state = None
+        for _ in range(ROUNDS):
+            state, _ = step(alone_app, state, i)
+        alone[i] = state.session.text
+    state, _ = step(alone_app, None, 0)
+    need = state.session.resident_bytes() + growth_bytes(state.session, MEM_LEN, 1)
+    budget = MemoryBudget(int(N_THREADS * need * 1.2))
+    txl_app = app.TXLApp(folder, model_dirs=[], budget=budget)
+    states, errors = {}, []
+    peak = [0]
+
+    def work(t: int) -> None:
+        mine = list(range(t, n, N_THREADS))
+        try:
+            for _ in range(ROUNDS):
+                for i in mine:
+                    states[i], _ = step(txl_app, states.get(i), i)
+                    peak[0] = max(peak[0], budget.in_ram())
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(N_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert not errors, errors[:3]
+    assert sum(s.session.resident_bytes() for s in states.values()) > budget.limit or (
+        budget.offloads > 0
+    )
+    assert budget.offloads > n and budget.restores > n
+    assert peak[0] <= budget.limit
+    for i in range(n):
+        with txl_app.using(states[i]):  # read back whatever is on disk
+            assert states[i].session.text == alone[i], f"session {i}"

@@ -1,0 +1,110 @@
+"""Many visitors, one machine (issue 14), bounded for CI: ``python app.py`` in a subprocess
+with a memory budget far below what its sessions would take.
+
+40 sessions fill 256 positions of memory each (4 MB of keys and values per session,
+6 MB with the buffers' spare room: 160-250 MB in all, against a budget of 48 MB), then
+Step in turns and all at once. The server's RSS stays within the budget + its baseline
++ 10 %; every session's text continues exactly as the same session's alone (offload and
+restore change no number); idle memories went to disk and came back; and once the
+sessions expire, no file is left on disk.
+
+The longer version, with the bundled model and more sessions: benchmarks/bench_soak.py.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import pytest
+import torch
+
+from benchmarks.bench_soak import (
+    RSSWatch,
+    alone,
+    balcony,
+    kv_bytes,
+    plans,
+    rss_mb,
+    soak,
+    start_app,
+    step,
+    stop_app,
+)
+from tests.raw_api import call
+from tests.test_app import VOCAB
+from txl import TransformerXL, TXLConfig
+
+N_SESSIONS, PROMPT_CHARS, ROUNDS, THREADS = 40, 400, 2, 8
+BUDGET_MB, TTL, CAP = 48, 600, 45
+# 8 heads x 64 per head in 4 layers: 16 KB per position; little compute per token.
+MEMORY_MODEL = dict(
+    d_model=16, n_layer=4, n_head=8, d_head=64, d_inner=32, tgt_len=64, mem_len=256, dropout=0.0
+)
+
+
+@pytest.mark.slow
+def test_40_sessions_under_a_small_budget(tmp_path):
+    torch.manual_seed(0)
+    model = tmp_path / "model"
+    TransformerXL(TXLConfig(vocab=VOCAB, **MEMORY_MODEL)).save_pretrained(model)
+    mem_len = MEMORY_MODEL["mem_len"]
+    unbudgeted = N_SESSIONS * kv_bytes(str(model), mem_len) / 2**20
+    assert unbudgeted > 3 * BUDGET_MB  # the budget is far below what the sessions take
+
+    offload_tmp = tmp_path / "tmp"
+    offload_tmp.mkdir()
+    env = dict(
+        TXL_MEMORY_BUDGET_MB=BUDGET_MB,
+        TXL_SESSION_TTL=TTL,
+        TXL_MAX_SESSIONS=CAP,
+        TXL_CONCURRENCY=2,  # 8 clients at once; 2 requests hold their peak at a time
+        TMPDIR=offload_tmp,  # the app's private offload folder is made in here
+    )
+    proc, url = start_app(str(model), env, tmp_path / "app.log")
+    try:
+        text = balcony()
+        with httpx.Client(timeout=300) as client:  # warm-up: the allocator, Gradio's caches
+            for plan in plans(2, PROMPT_CHARS, mem_len, text[::-1]):
+                step(url, plan, client), step(url, plan, client)
+        time.sleep(1)
+        baseline = rss_mb(proc.pid)
+        sessions = plans(N_SESSIONS, PROMPT_CHARS, mem_len, text)
+        watch = RSSWatch(proc.pid, every=0.1)
+        result = soak(url, sessions, ROUNDS, THREADS)
+        samples = watch.stop()
+        assert not result["errors"], result["errors"][:3]
+        files = list(offload_tmp.glob("txl-offload-*/*.safetensors"))
+        assert files, "idle sessions' memories should be on disk"
+
+        peak = max(mb for _, mb in samples)
+        limit = 1.1 * (baseline + BUDGET_MB)
+        print(
+            f"baseline {baseline:.0f} MB, peak {peak:.0f} MB (limit {limit:.0f}), "
+            f"{len(result['restores_ms'])} restores, {len(files)} files"
+        )
+        assert peak <= limit, f"RSS {peak:.0f} MB, more than {limit:.0f} MB"
+        assert len(result["restores_ms"]) >= N_SESSIONS  # memories came back from disk
+
+        for plan in sessions:  # exactly the texts of each session alone
+            texts = result["texts"][plan["hash"]]
+            assert len(texts) == 1 + ROUNDS
+            assert texts == alone(str(model), plan, 1 + ROUNDS), f"session {plan['seed']}"
+
+        # The sessions expire: CAP newer sessions push them out of Gradio's session store
+        # (state_session_capacity drops them without a callback, as it does on a Space),
+        # and their files go with them. (Expiry by TXL_SESSION_TTL, which calls
+        # Sessions.release, is tests/test_budget.py's; a TTL short enough to wait for here
+        # would expire sessions in the middle of a slow soak.)
+        with httpx.Client(timeout=300) as client:
+            for _ in range(CAP):
+                ok, error = call(url, "reset", [], uuid.uuid4().hex, client)
+                assert ok, error
+        deadline = time.monotonic() + 30
+        while list(offload_tmp.glob("txl-offload-*/*.safetensors")):
+            assert time.monotonic() < deadline, "offload files left after the sessions expired"
+            time.sleep(0.5)
+    finally:
+        stop_app(proc)
+    assert not list(offload_tmp.glob("txl-offload-*")), "the offload folder outlived the app"

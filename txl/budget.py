@@ -1,0 +1,324 @@
+"""One memory budget for the whole server, and the disk that stretches it.
+
+Every session's keys and values, pending logits and step history count against one
+budget (TXL_MEMORY_BUDGET_MB). Before a request runs, the budget makes room for the most
+that session can hold by the end of it; if the sessions in RAM would not fit, the
+memories of the least recently used idle sessions are written to disk (safetensors
+files in a private temporary folder) and dropped from RAM. A session whose memory is on
+disk reads it back on its next use, bit for bit: it continues token for token and logit
+for logit as if it had never left. Its text, settings and sampler never leave RAM (they
+are small); only Session.unload()'s tensors do.
+
+When no room can be made (everyone else is busy, the disk budget TXL_OFFLOAD_DISK_MB is
+full, or one session alone needs more than the whole budget), the request is refused
+with a BudgetError (a ValueError: the app shows its message) before anything changes.
+
+Locks: a request holds its session's own lock and then takes the budget's lock; the
+budget, holding its lock, only ever *tries* another session's lock (never waits for it),
+and skips a session that is busy. So neither can wait for the other: no deadlock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from .session import Session, memory_bytes_per_position
+
+MB = 2**20
+BUDGET_SHARE = 0.5  # default budget: half the machine's (or the container's) memory
+DISK_SHARE = 0.5  # default disk budget: half the free space of the offload folder's disk
+
+
+# ---- the allocator: memory that sessions free must go back to the OS ------------------
+
+try:  # glibc only; elsewhere (musl, macOS, Windows) these are no-ops
+    _libc = ctypes.CDLL(None)
+    _malloc_trim, _mallopt = _libc.malloc_trim, _libc.mallopt
+except (AttributeError, OSError):
+    _malloc_trim = _mallopt = None
+
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # mallopt parameters (glibc's malloc.h)
+
+
+def trim_memory() -> None:
+    """glibc keeps the memory that Python and torch free in its arenas, so a server's RSS
+    stays at its peak after the sessions that made it are gone; malloc_trim returns it
+    (measured after 200 sessions expired: +42 % without, +2 % with; tests/test_concurrency)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def tune_allocator(arenas: int = 2, mmap_threshold: int = 256 * 1024) -> None:
+    """Call once, before the server's threads start. Two settings that cut a session's
+    RSS beyond its tensors (measured in benchmarks/bench_soak.py --per-session):
+
+    - glibc gives each thread that allocates its own arena (up to 8 per core); every
+      Gradio worker thread that ran a model call keeps freed memory in its own arena.
+      Two arenas are enough for one-thread model calls.
+    - glibc raises its mmap threshold (up to 32 MB) every time a large block is freed, so
+      after a few sessions a KV buffer or a prompt's attention scores come from the heap,
+      where they fragment it and stay. A fixed threshold keeps every block above it in
+      its own mapping, returned to the OS the moment it is freed.
+    """
+    if _mallopt is not None:
+        _mallopt(M_ARENA_MAX, arenas)
+        _mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+
+
+# ---- defaults from the machine -----------------------------------------------------
+
+
+def machine_memory_bytes() -> int:
+    """The memory this process may use: the container's limit (cgroup v2 or v1) when it
+    has one, else the machine's."""
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            value = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit() and int(value) < 2**60:  # "max" or a huge number: no limit
+            return int(value)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_budget_bytes() -> int:
+    """TXL_MEMORY_BUDGET_MB, else half the memory: the other half is for the model(s),
+    Python, Gradio and each session's text and compute."""
+    value = os.environ.get("TXL_MEMORY_BUDGET_MB", "").strip()
+    return int(float(value) * MB) if value else int(BUDGET_SHARE * machine_memory_bytes())
+
+
+def default_disk_bytes(folder: Path) -> int:
+    """TXL_OFFLOAD_DISK_MB, else half the free space of the offload folder's disk."""
+    value = os.environ.get("TXL_OFFLOAD_DISK_MB", "").strip()
+    return int(float(value) * MB) if value else int(DISK_SHARE * shutil.disk_usage(folder).free)
+
+
+# ---- what one request may add -------------------------------------------------------
+
+
+def growth_bytes(session: Session, mem_len: int, steps: int) -> int:
+    """The most a request can add to a session's RAM, run with memory length mem_len and
+    taking ``steps`` steps: a whole new KV buffer (buffers grow by copying, so the old
+    and the new are both held for a moment, and a new prompt refills them), the
+    pending logits, and the steps' history and last attention."""
+    c, model = session.model.config, session.model
+    element = next(model.parameters()).element_size()
+    positions = mem_len + session.seg_len
+    kv = memory_bytes_per_position(model) * (positions + max(64, positions // 4))
+    logits = c.vocab_size * element
+    keys = max(mem_len + 1, session.seg_len)  # what one step's query attends over
+    step_history = c.n_layer * c.n_head * keys * 2 + keys * 4  # float16 + int32
+    history = min(steps, session.history_steps) * step_history
+    if session.history_bytes_limit is not None:
+        history = min(history, session.history_bytes_limit)
+    last_attention = c.n_layer * c.n_head * keys * 4 if steps else 0  # float32
+    return kv + logits + history + last_attention
+
+
+# ---- the budget ------------------------------------------------------------------------
+
+
+class BudgetError(ValueError):
+    """No room for the request; nothing was changed."""
+
+
+@dataclass(eq=False)
+class _Account:
+    """One session's standing with the budget."""
+
+    lock: threading.Lock  # the session owner's lock: held while the session is in use
+    resident: int = 0  # bytes in RAM after its last request (0 while on disk)
+    peak: int | None = None  # while a request runs: the most it may hold until its end
+    path: Path | None = None  # its memory's file while on disk
+    file_bytes: int = 0  # that file's size
+    unloaded_bytes: int = 0  # what it held in RAM when it went to disk
+    last_used: int = 0  # a counter: the lowest is the least recently used
+    remove_file: weakref.finalize | None = field(default=None, repr=False)
+
+    def held(self) -> int:
+        """What it counts against the budget now."""
+        return self.peak if self.peak is not None else self.resident
+
+
+class MemoryBudget:
+    """The server's sessions' memory, within ``limit`` bytes of RAM and ``disk_limit``
+    bytes of offload files. Sessions are held weakly: a session the app drops takes its
+    account with it, and its file is removed when it is garbage-collected."""
+
+    def __init__(self, limit: int, disk_limit: int | None = None, folder: str | None = None):
+        self.limit = int(limit)
+        # mkdtemp: a fresh folder only this user can read (0700).
+        self.folder = Path(tempfile.mkdtemp(prefix="txl-offload-", dir=folder))
+        self.disk_limit = default_disk_bytes(self.folder) if disk_limit is None else disk_limit
+        self._accounts: weakref.WeakKeyDictionary[Session, _Account] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._clock = itertools.count(1)
+        self.offloads = self.restores = 0
+        self.restore_seconds: list[float] = []  # every restore's time (for benchmarks)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
+
+    # -- what the budget holds --
+
+    def in_ram(self) -> int:
+        """Bytes counted in RAM now (requests running count their peak)."""
+        with self._lock:
+            return sum(a.held() for a in list(self._accounts.values()))
+
+    def on_disk(self) -> int:
+        with self._lock:
+            return sum(a.file_bytes for a in list(self._accounts.values()))
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.glob("*.safetensors"))
+
+    def is_offloaded(self, session: Session) -> bool:
+        account = self._accounts.get(session)
+        return account is not None and account.path is not None
+
+    # -- a request --
+
+    @contextmanager
+    def use(self, session: Session, lock: threading.Lock, growth: int):
+        """Run a request on ``session``, whose ``lock`` the caller holds: make room for
+        what it holds plus ``growth`` bytes (offloading others), read its memory back
+        from disk if it was there, and count what it holds afterwards. Yields the seconds
+        the read-back took, or None. Raises BudgetError, with nothing changed, when the
+        room cannot be made."""
+        with self._lock:
+            account = self._accounts.get(session)
+            if account is None:
+                account = self._accounts[session] = _Account(lock=lock)
+            account.lock = lock  # the owner's lock (the same, unless the owner changed)
+            now = account.unloaded_bytes if account.path else session.resident_bytes()
+            need = now + growth
+            self._make_room(need, session)
+            account.peak, account.last_used = need, next(self._clock)
+            path = account.path
+        restored = None
+        try:
+            if path is not None:  # outside the budget's lock: the session's lock is ours
+                t0 = time.perf_counter()
+                try:
+                    session.reload(load_file(path))
+                except Exception as e:  # the file is gone or damaged: start the memory over
+                    session.reset()
+                    with self._lock:
+                        self._forget_file(account)
+                    raise BudgetError(
+                        f"this session's memory could not be read back from disk ({e}); "
+                        "its text and memory were cleared: start again"
+                    ) from None
+                restored = time.perf_counter() - t0
+                with self._lock:
+                    self._forget_file(account)
+                    self.restores += 1
+                    self.restore_seconds.append(restored)
+            yield restored
+        finally:
+            with self._lock:
+                if session.unloaded:  # the file could not be read: nothing was restored
+                    account.resident = 0
+                else:
+                    account.resident = session.resident_bytes()
+                account.peak, account.last_used = None, next(self._clock)
+
+    def release(self, session: Session) -> None:
+        """Forget a session (it expired or was reset): its file goes at once."""
+        with self._lock:
+            account = self._accounts.pop(session, None)
+            if account is not None:
+                self._forget_file(account)
+
+    # -- under the budget's lock --
+
+    def _make_room(self, need: int, session: Session) -> None:
+        if need > self.limit:
+            raise BudgetError(
+                f"this request needs up to {megabytes(need)} for this session's memory, "
+                f"more than the server's whole memory budget ({megabytes(self.limit)}, "
+                "TXL_MEMORY_BUDGET_MB): lower mem_len (or switch the memory off) and try again"
+            )
+        accounts = [(s, a) for s, a in list(self._accounts.items()) if s is not session]
+        total = need + sum(a.held() for _, a in accounts)
+        if total <= self.limit:
+            return
+        disk = sum(a.file_bytes for _, a in accounts)
+        disk_full = False
+        idle = [(a.last_used, s, a) for s, a in accounts if a.peak is None and a.resident]
+        for _, other, account in sorted(idle, key=lambda entry: entry[0]):
+            if total <= self.limit:
+                break
+            if disk + account.resident > self.disk_limit:
+                disk_full = True
+                continue
+            if not account.lock.acquire(blocking=False):  # in use right now: leave it
+                continue
+            try:
+                if account.peak is not None or other.unloaded:
+                    continue
+                freed = self._offload(other, account)
+            finally:
+                account.lock.release()
+            total -= freed
+            disk += account.file_bytes
+        trim_memory()  # what the offloaded sessions held goes back to the OS now
+        if total > self.limit:
+            why = (
+                "the disk space for idle sessions' memories (TXL_OFFLOAD_DISK_MB) is full"
+                if disk_full
+                else "the other sessions' memories are in use right now"
+            )
+            raise BudgetError(
+                f"The server is full: its memory budget ({megabytes(self.limit)}) cannot "
+                f"make room for this session's memory ({megabytes(need)}) because {why}. "
+                "Your text and memory are unchanged: try again in a moment, or use a shorter "
+                "mem_len."
+            )
+
+    def _offload(self, session: Session, account: _Account) -> int:
+        """Write the session's memory to a file and drop it from RAM; the bytes freed."""
+        path = self.folder / f"{uuid.uuid4().hex}.safetensors"
+        tensors = session.unload()
+        try:
+            save_file(tensors, str(path))
+        except BaseException:
+            session.reload(tensors)  # the disk refused it: the memory stays in RAM
+            path.unlink(missing_ok=True)
+            raise
+        del tensors
+        freed = account.resident
+        account.path, account.file_bytes = path, path.stat().st_size
+        account.unloaded_bytes, account.resident = freed, 0
+        # The file goes with the session when the app drops it without a release().
+        account.remove_file = weakref.finalize(session, _remove, path)
+        self.offloads += 1
+        return freed
+
+    @staticmethod
+    def _forget_file(account: _Account) -> None:
+        if account.remove_file is not None:
+            account.remove_file()  # removes the file once; detaches the finalizer
+        account.path, account.file_bytes, account.unloaded_bytes = None, 0, 0
+        account.remove_file = None
+
+
+def megabytes(n: int) -> str:
+    return f"{n / MB:,.0f} MB" if n >= 10 * MB else f"{n / MB:.2f} MB"
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
