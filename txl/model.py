@@ -254,38 +254,27 @@ class KVMemory:
         self.truncate(mem_len)
 
     # ---- offload (txl.budget): the whole state as named tensors, and back ----------------
-    # Generic on purpose: every tensor, list-of-tensors and int attribute is saved by name,
-    # whatever the buffers' layout, so the memory read back is bit for bit the one written.
 
     def to_tensors(self) -> dict[str, Tensor]:
-        """All the state: "tensor.<name>", "list.<name>.<i>" (with "list.<name>.len")
-        and "int.<name>" (a 0-d int64 tensor). The tensors are the buffers, not copies."""
-        out: dict[str, Tensor] = {}
-        for name, value in vars(self).items():
-            if isinstance(value, Tensor):
-                out[f"tensor.{name}"] = value
-            elif isinstance(value, list) and all(isinstance(t, Tensor) for t in value):
-                out[f"list.{name}.len"] = torch.tensor(len(value), dtype=torch.int64)
-                out.update({f"list.{name}.{i}": t for i, t in enumerate(value)})
-            elif isinstance(value, int) and not isinstance(value, bool):
-                out[f"int.{name}"] = torch.tensor(value, dtype=torch.int64)
-            else:
-                raise TypeError(f"KVMemory.{name}: cannot save a {type(value).__name__}")
+        """All the state as named tensors, ready for safetensors: each layer's buffers as
+        stored ("k.<layer>": the contiguous [B, H, Dh, capacity] key buffer, "v.<layer>":
+        [B, H, capacity, Dh], spare room included) and "start", "end" (0-d int64). The
+        tensors are the buffers, not copies."""
+        out = {f"k.{i}": k.mT for i, k in enumerate(self.k)}
+        out.update({f"v.{i}": v for i, v in enumerate(self.v)})
+        out["start"] = torch.tensor(self.start, dtype=torch.int64)
+        out["end"] = torch.tensor(self.end, dtype=torch.int64)
         return out
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Tensor]) -> KVMemory:
-        """The KVMemory that to_tensors() described (the tensors are used as they are)."""
+        """The KVMemory that to_tensors() described, bit for bit and key-last again (the
+        tensors are used as they are, not copied)."""
         memory = cls()
-        for key, value in tensors.items():
-            kind, name = key.split(".", 1)
-            if kind == "tensor":
-                setattr(memory, name, value)
-            elif kind == "int":
-                setattr(memory, name, int(value))
-            elif kind == "list" and name.endswith(".len"):
-                name = name.removesuffix(".len")
-                setattr(memory, name, [tensors[f"list.{name}.{i}"] for i in range(int(value))])
+        n_layer = sum(name.startswith("k.") for name in tensors)
+        memory.k = [tensors[f"k.{i}"].mT for i in range(n_layer)]
+        memory.v = [tensors[f"v.{i}"] for i in range(n_layer)]
+        memory.start, memory.end = int(tensors["start"]), int(tensors["end"])
         return memory
 
 
