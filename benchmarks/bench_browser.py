@@ -67,7 +67,7 @@ from bench_app import (  # noqa: E402
 )
 
 CHROMIUM = os.environ.get("CHROMIUM") or "/usr/bin/chromium"
-FLAGS = [  # as tests/test_browser.py: no sandbox, no GPU, nothing but 127.0.0.1
+FLAGS = [  # also tests/test_browser.py's: no sandbox, no GPU, no host but 127.0.0.1
     "--no-sandbox",
     "--disable-gpu",
     "--disable-quic",

@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import pytest  # noqa: E402
 
+from benchmarks.bench_browser import FLAGS  # noqa: E402  (one list: tests and benchmark)
 from tests.test_app import serve, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -25,17 +26,6 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "test-output"
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-]
 TIMEOUT_MS = 60_000  # a loaded 2-core machine renders slowly; a real hang still fails
 
 
