@@ -96,6 +96,27 @@ def test_memory_step_equals_forward_over_everything(variant):
         assert torch.allclose(s.next_logits, full_forward(model, s.ids), atol=1e-5, rtol=0)
 
 
+def test_a_fed_prompt_gives_back_the_segments_room_and_changes_no_number(monkeypatch):
+    """After a prompt fed seg_len at a time the KV buffers keep the memory and a quarter
+    of spare room, not the segment's room too; every step after it, through the buffers'
+    regrowth, gives bit for bit the logits of a session that kept the room."""
+    model = tiny_model(mem_len=64)
+    prompt = (TEXT * 6)[:200]
+    s = Session(model, memory=True, mem_len=64, seg_len=32, temperature=1.0)
+    s.start(prompt)
+    assert len(s.kv) == 64 and s.kv.k[0].size(2) == 64 + 16
+    with monkeypatch.context() as m:
+        m.setattr(type(s.kv), "shrink", lambda self, spare: None)
+        kept = Session(model, memory=True, mem_len=64, seg_len=32, temperature=1.0)
+        kept.start(prompt)
+    assert kept.kv.k[0].size(2) >= 64 + 32  # the room of a segment and more
+    assert torch.equal(s.next_logits, kept.next_logits)
+    for _ in range(20):  # past the 16 spare positions: the buffers grow again
+        s.step(capture=False), kept.step(capture=False)
+        assert torch.equal(s.next_logits, kept.next_logits)
+    assert s.text == kept.text and s.kv.k[0].size(2) > 64 + 16
+
+
 def test_memory_step_exact_on_shipped_or_tiny(shipped_or_tiny):
     s = Session(shipped_or_tiny, memory=True, mem_len=200, seg_len=16, seed=3)
     s.start("ROMEO:\nWhat light")

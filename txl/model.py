@@ -206,7 +206,21 @@ class KVMemory:
         M = len(self)
         # Compact and grow, with 25 % spare room: a copy of M positions every M / 4 steps
         # is amortised O(1) per step, and a big model's memory stays close to its size.
-        capacity = M + T + max(64, (M + T) // 4)
+        self._reallocate(shape, M + T + max(64, (M + T) // 4), dtype, device)
+
+    def shrink(self, spare: int) -> None:
+        """Give back the room a segment needed: after a prompt is fed seg_len at a time,
+        the buffers hold mem_len + seg_len + spare positions for a memory of mem_len (2x
+        at mem_len 128). Keeps ``spare`` positions of room for the steps to come."""
+        if self.k and self.k[0].size(2) > len(self) + spare:
+            B, H, _, Dh = self.v[0].shape
+            shape, like = (len(self.k), B, H, Dh), self.v[0]
+            self._reallocate(shape, len(self) + spare, like.dtype, like.device)
+
+    def _reallocate(self, shape: tuple[int, int, int, int], capacity: int, dtype, device):
+        """Fresh buffers of ``capacity`` positions holding the memory at their start."""
+        n_layer, B, H, Dh = shape
+        M = len(self)
         # Plain tensors (not inference tensors), so code outside inference mode may still
         # write into a memory (a restore, a test).
         with torch.inference_mode(False):

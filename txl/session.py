@@ -619,6 +619,10 @@ class Session:
         time: O(len(ids)·(seg_len + mem_len)) work, not one quadratic forward."""
         for a in range(0, len(ids), self._seg_len):
             self._forward_memory(ids[a : a + self._seg_len], capture=False)
+        if len(ids) > 1:
+            # The room a segment needed is not needed by the steps to come, and a session's
+            # buffers count in the server's memory budget: keep a quarter of spare room.
+            self.kv.shrink(max(16, self._mem_len // 4))
 
     @torch.no_grad()
     def _forward_memory(self, ids: list[int], capture: bool) -> list[Tensor] | None:
