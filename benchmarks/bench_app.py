@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -83,48 +82,60 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# 127.0.0.1 directly, whatever http_proxy says.
-NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def start_app(
     model: str,
     concurrency: int | None = None,
     app_dir: Path = ROOT,
     extra_env: dict | None = None,
+    log: Path | None = None,
+    tries: int = 3,
 ) -> tuple[subprocess.Popen, str]:
-    """``python app.py`` of ``app_dir`` on a free port; returns once the page is served."""
+    """``python app.py`` of ``app_dir`` on a free port; returns (process, url) once
+    launch() has served and checked the page. The app's output goes to ``log`` (a
+    temporary file when None): a pipe nobody reads would block it once full.
+
+    Gradio's launch() gives up when its own request to the page takes more than 3 s
+    ("When localhost is not accessible..."), which happens on a machine busy with other
+    work: then the app is started again, up to ``tries`` times."""
+    env = {} if concurrency is None else {"TXL_CONCURRENCY": concurrency}
+    env.update(extra_env or {})
+    if log is None:
+        handle, name = tempfile.mkstemp(prefix="txl-app-", suffix=".log")
+        os.close(handle)
+        log = Path(name)
+    for attempt in range(tries):
+        try:
+            return _start_app(model, env, Path(log), Path(app_dir))
+        except RuntimeError as e:
+            if "localhost is not accessible" not in str(e) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_app(model: str, env: dict, log: Path, app_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = dict(
-        os.environ, TXL_MODEL=model, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port)
+        os.environ,
+        TXL_MODEL=str(model),
+        GRADIO_SERVER_NAME="127.0.0.1",
+        GRADIO_SERVER_PORT=str(port),
+        PYTHONUNBUFFERED="1",  # the banner reaches the log as it is printed
+        **{k: str(v) for k, v in env.items()},
     )
-    if concurrency:
-        env["TXL_CONCURRENCY"] = str(concurrency)
-    env.update(extra_env or {})
-    # The app's output goes to a file: a pipe nobody reads would block it once full.
-    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (open as long as the app runs)
+    out = open(log, "w")  # noqa: SIM115 (the process writes to it until it ends)
     proc = subprocess.Popen(
-        [sys.executable, str(Path(app_dir) / "app.py")],
-        cwd=app_dir,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
+        [sys.executable, str(app_dir / "app.py")], cwd=app_dir, env=env, stdout=out, stderr=out
     )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 180
-    while time.time() < deadline:
+    deadline = time.monotonic() + 180
+    # The port answers before launch() has checked the page; this line comes after it.
+    while "To create a public link" not in log.read_text():
         if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"the app exited:\n{log.read()[-3000:]}")
-        try:
-            with NO_PROXY.open(url, timeout=5) as response:
-                if response.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.5)
-    stop_app(proc)
-    raise RuntimeError("the app did not start within 180 s")
+            raise RuntimeError(f"the app exited:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            stop_app(proc)
+            raise RuntimeError("the app did not start within 180 s")
+        time.sleep(0.3)
+    return proc, f"http://127.0.0.1:{port}/"
 
 
 def stop_app(proc: subprocess.Popen) -> None:

@@ -28,8 +28,6 @@ import argparse
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,75 +40,15 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import httpx  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_app import percentile, start_app, stop_app  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "weights" / "shakespeare-char"
 RESTORED = re.compile(r"memory restored from disk in ([\d,]+) ms")
 
 
-# ---- the app as a subprocess --------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_app(model: str, env: dict, log: Path, root: Path = ROOT, tries: int = 3) -> tuple:
-    """python app.py (of the checkout ``root``) on a free port; returns (process, url).
-
-    Gradio's launch() gives up when its own request to the page takes more than 3 s
-    ("When localhost is not accessible..."), which happens on a machine busy with other
-    work: then the app is started again, up to ``tries`` times."""
-    for attempt in range(tries):
-        try:
-            return _start_app(model, env, log, root)
-        except RuntimeError as e:
-            if "localhost is not accessible" not in str(e) or attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _start_app(model: str, env: dict, log: Path, root: Path) -> tuple:
-    port = free_port()
-    env = dict(
-        os.environ,
-        TXL_MODEL=str(model),
-        GRADIO_SERVER_NAME="127.0.0.1",
-        GRADIO_SERVER_PORT=str(port),
-        PYTHONUNBUFFERED="1",  # the banner reaches the log as it is printed
-        **{k: str(v) for k, v in env.items()},
-    )
-    out = open(log, "w")  # noqa: SIM115 (the process writes to it until it ends)
-    proc = subprocess.Popen(
-        [sys.executable, str(root / "app.py")], cwd=root, env=env, stdout=out, stderr=out
-    )
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the app exited:\n{log.read_text()[-3000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.terminate()
-                raise RuntimeError("the app did not start within 180 s") from None
-            time.sleep(0.3)
-            continue
-        # The port answers before launch() has checked the page: wait for its banner.
-        if "Running on local URL" in log.read_text() and "To create a public link" in (
-            log.read_text()
-        ):
-            return proc, f"http://127.0.0.1:{port}/"
-        time.sleep(0.3)
-
-
-def stop_app(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+# ---- the app as a subprocess (bench_app.start_app / stop_app) ------------------------
 
 
 def rss_mb(pid: int) -> float:
@@ -239,13 +177,6 @@ def soak(url: str, sessions: list[dict], rounds: int, threads: int) -> dict:
     return dict(texts=texts, restores_ms=restores, errors=errors, steps=1 + rounds)
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
-
-
 def kv_bytes(model_folder: str, positions: int) -> int:
     """Keys and values of ``positions`` positions (no spare room)."""
     config = json.loads((Path(model_folder) / "config.json").read_text())
@@ -264,7 +195,7 @@ def balcony() -> str:
 def per_session(args, model: str, log: Path) -> dict:
     env = dict(TXL_SESSION_TTL=3600, TXL_MAX_SESSIONS=1000, TXL_CONCURRENCY=2)
     env.update(dict(kv.split("=", 1) for kv in args.env))
-    proc, url = start_app(model, env, log, Path(args.root))
+    proc, url = start_app(model, app_dir=Path(args.root), extra_env=env, log=log)
     try:
         text = balcony()
         with httpx.Client(timeout=600) as client:
@@ -353,7 +284,9 @@ def run_soak(args, tmp: Path) -> dict:
         TMPDIR=offload_tmp,
     )
     env.update(dict(kv.split("=", 1) for kv in args.env))
-    proc, url = start_app(args.model, env, tmp / "app.log", Path(args.root))
+    proc, url = start_app(
+        args.model, app_dir=Path(args.root), extra_env=env, log=tmp / "app.log"
+    )
     try:
         text = balcony()
         with httpx.Client(timeout=600) as client:  # warm-up: two sessions, two Steps

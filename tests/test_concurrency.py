@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
-from benchmarks.bench_soak import start_app, stop_app  # noqa: E402
+from benchmarks.bench_app import start_app, stop_app  # noqa: E402
 from tests.raw_api import call  # noqa: E402
 from tests.test_app import MEM_LEN, VOCAB, serve, tiny_model  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
@@ -175,7 +175,7 @@ def app_process(tmp_path):
     env = dict(TXL_SESSION_TTL=TTL, TXL_MAX_SESSIONS=CAP, TXL_CONCURRENCY=4)
     # start_app waits for launch() to finish its own check of the page, and starts the
     # app again when that check timed out on a busy machine (the app then exits).
-    proc, url = start_app(str(model), env, tmp_path / "app.log")
+    proc, url = start_app(str(model), extra_env=env, log=tmp_path / "app.log")
     try:
         yield proc, url
     finally:

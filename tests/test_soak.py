@@ -20,6 +20,7 @@ import httpx
 import pytest
 import torch
 
+from benchmarks.bench_app import start_app, stop_app
 from benchmarks.bench_soak import (
     RSSWatch,
     alone,
@@ -28,9 +29,7 @@ from benchmarks.bench_soak import (
     plans,
     rss_mb,
     soak,
-    start_app,
     step,
-    stop_app,
 )
 from tests.raw_api import call
 from tests.test_app import VOCAB
@@ -62,7 +61,7 @@ def test_40_sessions_under_a_small_budget(tmp_path):
         TXL_CONCURRENCY=2,  # 8 clients at once; 2 requests hold their peak at a time
         TMPDIR=offload_tmp,  # the app's private offload folder is made in here
     )
-    proc, url = start_app(str(model), env, tmp_path / "app.log")
+    proc, url = start_app(str(model), extra_env=env, log=tmp_path / "app.log")
     try:
         text = balcony()
         with httpx.Client(timeout=300) as client:  # warm-up: the allocator, Gradio's caches
