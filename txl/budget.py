@@ -35,6 +35,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+from .model import KVMemory
 from .session import Session, memory_bytes_per_position
 
 MB = 2**20
@@ -118,7 +119,7 @@ def growth_bytes(session: Session, mem_len: int, steps: int) -> int:
     c, model = session.model.config, session.model
     element = next(model.parameters()).element_size()
     positions = mem_len + session.seg_len
-    kv = memory_bytes_per_position(model) * (positions + max(64, positions // 4))
+    kv = memory_bytes_per_position(model) * KVMemory.capacity(positions)
     logits = c.vocab_size * element
     keys = max(mem_len + 1, session.seg_len)  # what one step's query attends over
     step_history = c.n_layer * c.n_head * keys * 2 + keys * 4  # float16 + int32
@@ -257,7 +258,7 @@ class MemoryBudget:
         if total <= self.limit:
             return
         disk = sum(a.file_bytes for _, a in accounts)
-        disk_full = False
+        disk_full = offloaded = False
         idle = [(a.last_used, s, a) for s, a in accounts if a.peak is None and a.resident]
         for _, other, account in sorted(idle, key=lambda entry: entry[0]):
             if total <= self.limit:
@@ -275,7 +276,9 @@ class MemoryBudget:
                 account.lock.release()
             total -= freed
             disk += account.file_bytes
-        trim_memory()  # what the offloaded sessions held goes back to the OS now
+            offloaded = True
+        if offloaded:
+            trim_memory()  # what the offloaded sessions held goes back to the OS now
         if total > self.limit:
             why = (
                 "the disk space for idle sessions' memories (TXL_OFFLOAD_DISK_MB) is full"

@@ -162,8 +162,7 @@ class KVMemory:
       buffer). A new token's scores q · K are then one matrix product over contiguous
       rows, with no transpose (see ``step_views``).
     - the memory is ``k[layer][:, :, start:end]`` and ``v[layer][:, :, start:end]``.
-    To save a memory, take those slices (``.contiguous()`` for safetensors); to restore
-    one, ``reserve`` room and copy them into ``k[layer][:, :, :M]`` and set ``end = M``.
+    ``to_tensors`` / ``from_tensors`` save and restore it, layout and all.
     """
 
     def __init__(self) -> None:
@@ -179,6 +178,17 @@ class KVMemory:
     def nbytes(self) -> int:
         """Bytes of keys and values in the memory (the buffers hold up to 25 % more)."""
         return sum(t[:, :, self.start : self.end].nbytes for t in self.k + self.v)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes the buffers take, spare room included: what the memory holds in RAM."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @staticmethod
+    def capacity(positions: int) -> int:
+        """The positions a buffer is made with to hold ``positions``: 25 % spare room (at
+        least 64), so that growing it, a copy of everything, is rare."""
+        return positions + max(64, positions // 4)
 
     def truncate(self, mem_len: int) -> None:
         """Keep only the newest mem_len positions."""
@@ -206,7 +216,7 @@ class KVMemory:
         M = len(self)
         # Compact and grow, with 25 % spare room: a copy of M positions every M / 4 steps
         # is amortised O(1) per step, and a big model's memory stays close to its size.
-        self._reallocate(shape, M + T + max(64, (M + T) // 4), dtype, device)
+        self._reallocate(shape, self.capacity(M + T), dtype, device)
 
     def shrink(self, spare: int) -> None:
         """Give back the room a segment needed: after a prompt is fed seg_len at a time,

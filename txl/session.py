@@ -548,7 +548,7 @@ class Session:
         """Bytes of the tensors this session holds in RAM besides the model's: its KV
         buffers (spare room included: it is allocated), the pending logits, the step
         history and the last step's attention. 0 for what is unloaded."""
-        kv = sum(t.nbytes for t in self.kv.to_tensors().values()) if self.kv else 0
+        kv = self.kv.buffer_bytes if self.kv else 0
         logits = self._logits.nbytes if self._logits is not None else 0
         history = 0 if self._unloaded else self._history_bytes
         t = self.last_trace
