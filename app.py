@@ -81,7 +81,9 @@ EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
 # attention_view) drawn by txl/web/views.js. The templates do not depend on the value,
 # so Gradio leaves their DOM alone and only the watch() callbacks redraw.
 WEB = ROOT / "txl" / "web"
-VIEWS_HEAD = f"<script>{(WEB / 'views.js').read_text()}</script>"
+# views.js first (it defines window.TXL); each other file adds its own views to TXL.
+WEB_SCRIPTS = [WEB / "views.js"] + sorted(p for p in WEB.glob("*.js") if p.name != "views.js")
+VIEWS_HEAD = "".join(f"<script>{p.read_text()}</script>" for p in WEB_SCRIPTS)
 ATTENTION_TEMPLATE = (
     '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
     'title="Save this view as PNG">⤓ PNG</button></div>'
@@ -641,7 +643,7 @@ history** slider shows any of the last 256 steps over the text as it was then.
 """
 
 CSS = (
-    (WEB / "views.css").read_text()
+    "".join(p.read_text() for p in sorted(WEB.glob("*.css")))
     + """
 @media (max-width: 720px) {
   #main-row { flex-direction: column; }
