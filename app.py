@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # 100 events is plenty.
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 
+import inspect  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -619,6 +620,12 @@ def launch(demo: gr.Blocks, **kwargs):
         # every Step that grows with the text, and visitors' texts kept in their browser.
         run_history=False,
     )
+    # Gradio's launch() checks its own page with a 3-second timeout and exits ("When
+    # localhost is not accessible...") when the check is slow, which a busy machine (a
+    # Space starting beside others, a test run beside a CPU burner) makes it: the server
+    # is up and would have answered. Its private _frontend flag only gates that check.
+    if "_frontend" in inspect.signature(demo.launch).parameters:
+        options["_frontend"] = False
     options.update(kwargs)
     demo.queue(max_size=128, default_concurrency_limit=env_int("TXL_CONCURRENCY", 4))
     return demo.launch(**options)

@@ -20,7 +20,6 @@ import math
 import os
 import random
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -528,18 +527,40 @@ def test_switching_models_mid_session(client, models):
     assert generate(client, n_tokens=30, seed=2)[0] == text  # same model, same seed, same text
 
 
-def test_loading_a_model_while_generating_takes_effect(client, models):
+def test_loading_a_model_while_generating_takes_effect(server, client, models, monkeypatch):
     """Load during a long Generate of the same session: the Load waits for it, and the
     session then has the new model (the Generate, ending later, must not bring back the
-    old one)."""
+    old one). The Generate is held at its 100th step until the Load has reached the
+    server, so the two overlap whatever the machine's speed."""
+    _, txl_app = server
+    generating, loading, go_on = threading.Event(), threading.Event(), threading.Event()
+    session_step, cache_get = Session.step, txl_app.cache.get
+    steps = []
+
+    def held_step(self, *args, **kwargs):
+        steps.append(len(self.ids))
+        if len(steps) == 100:
+            generating.set()
+            go_on.wait(60)
+        return session_step(self, *args, **kwargs)
+
+    def signalled_get(*args, **kwargs):
+        loading.set()
+        return cache_get(*args, **kwargs)
+
+    monkeypatch.setattr(Session, "step", held_step)
+    monkeypatch.setattr(txl_app.cache, "get", signalled_get)
     job = client.submit(prompt=PROMPT, n_tokens=500, **settings_kw(), api_name="/generate")
-    deadline = time.monotonic() + 60
-    while not job.outputs() and time.monotonic() < deadline:  # it is streaming
-        time.sleep(0.01)
-    assert not job.done(), "the Generate ended before the Load: make it longer"
-    out = client.predict(source=models["other"], api_name="/load_model")
-    assert "1 layers" in out[0]
+    assert generating.wait(60), "the Generate never reached its 100th step"
+    load = client.submit(source=models["other"], api_name="/load_model")
+    try:
+        assert loading.wait(60), "the Load never reached the server"
+        assert not job.done()
+    finally:
+        go_on.set()
+    assert "1 layers" in load.result(timeout=60)[0]
     assert len(job.result(timeout=60)[0]) == len(PROMPT) + 500
+    monkeypatch.undo()
     assert n_layers(step(client)) == 1
 
 
@@ -1067,20 +1088,24 @@ def test_a_busy_session_answers_instead_of_waiting_forever(server):
     _, txl_app = server
     state = txl_app.ensure(None)
     errors = []
+    holding, done = threading.Event(), threading.Event()
 
     def busy():
         with txl_serve.user_errors(state):
-            time.sleep(0.5)
+            holding.set()
+            done.wait(60)  # until the other request has had its answer
 
     holder = threading.Thread(target=busy)
     holder.start()
-    time.sleep(0.1)
+    assert holding.wait(60)
     try:
         with txl_serve.user_errors(state, timeout=0.05):
             pass
     except gr.Error as e:
         errors.append(str(e))
-    holder.join()
+    finally:
+        done.set()
+        holder.join()
     assert errors and "Still busy" in errors[0]
 
 

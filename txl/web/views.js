@@ -238,7 +238,10 @@
   // The page drives Play, not the server: each step is an ordinary Step request, so the
   // server holds no loop (closing the tab stops it) and visitors share the queue fairly.
 
-  const play = { on: false };
+  // on: the user wants Play; running: the loop still has a step in flight or pending.
+  // #play's data-loop says "running" or "stopped", so that a test (or a user script) can
+  // wait for the loop itself to end rather than guess how long a step in flight takes.
+  const play = { on: false, running: false };
   function setPlaying(on) {
     play.on = on;
     const button = document.querySelector("#play");
@@ -262,7 +265,13 @@
       document.addEventListener("txl-error", onError);
     });
   }
+  function setRunning(running) {
+    play.running = running;
+    const button = document.querySelector("#play");
+    if (button) button.dataset.loop = running ? "running" : "stopped";
+  }
   async function loop() {
+    setRunning(true);
     while (play.on) {
       const step = document.querySelector("#step");
       if (!step) break;
@@ -273,11 +282,14 @@
       if (!(await painted)) break; // an error (the text cap, say) or no answer: stop
     }
     setPlaying(false);
+    setRunning(false);
   }
   function togglePlay() {
     if (play.on) return setPlaying(false);
     setPlaying(true);
-    loop();
+    // Pause then Play again while a step is still in flight: the loop that is still
+    // running carries on, rather than a second loop sending Steps beside it.
+    if (!play.running) loop();
   }
   // Reset, Load, Generate and Continue stop Play; so does a Step clicked by hand.
   document.addEventListener(
