@@ -60,6 +60,21 @@ def serve(txl_app: app.TXLApp):
     return demo, url
 
 
+def new_client(url: str) -> Client:
+    """A gradio_client Client for the tests. timeout: httpx's default of 5 s per request
+    fails a test on a loaded machine while the app is only slow (a real hang is stopped by
+    pytest-timeout). ssl_verify=False: gradio_client otherwise builds an SSL context
+    (reading the CA bundle) for each request, more CPU than the app's own work here."""
+    return Client(
+        url,
+        verbose=False,
+        analytics_enabled=False,
+        download_files=False,
+        ssl_verify=False,
+        httpx_kwargs={"timeout": 300},
+    )
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
@@ -72,7 +87,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def client(server):
-    return Client(server[0], verbose=False, analytics_enabled=False, download_files=False)
+    return new_client(server[0])
 
 
 def settings(**overrides):
@@ -110,7 +125,7 @@ def test_public_api(client):
 
 
 def test_generate_returns_text_first_and_same_seed_same_text(server):
-    a, b = (Client(server[0], verbose=False, analytics_enabled=False) for _ in range(2))
+    a, b = (new_client(server[0]) for _ in range(2))
     first = generate(a, n_tokens=25, seed=7)
     assert isinstance(first[0], str) and first[0].startswith("ROMEO:\n")
     assert len(first[0]) == len("ROMEO:\n") + 25
@@ -162,7 +177,7 @@ def test_step_continues_where_the_last_call_ended(client):
 
 
 def test_two_clients_keep_separate_memory(server):
-    a, b = (Client(server[0], verbose=False, analytics_enabled=False) for _ in range(2))
+    a, b = (new_client(server[0]) for _ in range(2))
     text_a = generate(a, prompt="ROMEO:", n_tokens=60)[0]
     text_b = step(b, prompt="JULIET:")[0]
     assert text_b.startswith("JULIET:") and len(text_b) == len("JULIET:") + 1
@@ -375,7 +390,7 @@ def test_unknown_characters_are_replaced(client):
 
 def test_load_model_affects_only_this_session(server, tmp_path):
     url, txl_app = server
-    a, b = (Client(url, verbose=False, analytics_enabled=False) for _ in range(2))
+    a, b = (new_client(url) for _ in range(2))
     other = tiny_model(tmp_path / "one-layer", n_layer=1, seed=1)
     out = a.predict(source=other, api_name="/load_model")
     assert "1 layers" in out[0] and out[1] == ""

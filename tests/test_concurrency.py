@@ -26,12 +26,11 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
 from benchmarks.bench_app import start_app, stop_app  # noqa: E402
 from tests.raw_api import call  # noqa: E402
-from tests.test_app import MEM_LEN, VOCAB, serve, tiny_model  # noqa: E402
+from tests.test_app import MEM_LEN, VOCAB, new_client, serve, tiny_model  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
 
 N_CLIENTS, N_STEPS = 16, 30
@@ -63,9 +62,7 @@ def memory_at(i: int, k: int, memory: bool) -> bool:
 
 def run_remote(url: str, i: int, barrier: threading.Barrier, out: dict) -> None:
     p = plan(i)
-    client = Client(
-        url, verbose=False, analytics_enabled=False, download_files=False, ssl_verify=False
-    )
+    client = new_client(url)
     try:
         settings = {k: p[k] for k in ("memory", "mem_len", "temperature", "top_k", "top_p")}
         barrier.wait(timeout=120)

@@ -31,14 +31,13 @@ import httpx  # noqa: E402
 import huggingface_hub.file_download  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from gradio_client import Client  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import app  # noqa: E402
 from tests.hub_server import FakeHub, hub_environment  # noqa: E402
 from tests.raw_api import call  # noqa: E402
-from tests.test_app import MEM_LEN, SEG_LEN, VOCAB, serve, tiny_model  # noqa: E402
+from tests.test_app import MEM_LEN, SEG_LEN, VOCAB, new_client, serve, tiny_model  # noqa: E402
 from txl import TransformerXL  # noqa: E402
 from txl import serve as txl_serve  # noqa: E402
 from txl.hub import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
@@ -86,14 +85,6 @@ def server(models):
     demo, url = serve(txl_app)
     yield url, txl_app
     demo.close()
-
-
-def new_client(url: str) -> Client:
-    # ssl_verify=False: gradio_client otherwise builds an SSL context (reading the CA
-    # bundle) for each request, which costs more CPU than the app's own work here.
-    return Client(
-        url, verbose=False, analytics_enabled=False, download_files=False, ssl_verify=False
-    )
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from gradio_client import Client
 from hub_server import FakeHub, hub_environment
 from safetensors.torch import load_file
 
 import app
+from tests.test_app import new_client
 from txl import TransformerXL
 from txl.hub import TXLLoadError
 from txl.session import Session
@@ -186,7 +186,7 @@ def test_the_app_loads_generates_and_shows_attention(hub_files, caches, monkeypa
         _, url, _ = app.launch(demo, server_name="127.0.0.1", server_port=None,
                                prevent_thread_lock=True, quiet=True, ssr_mode=False)
         try:
-            client = Client(url, verbose=False, analytics_enabled=False, download_files=False)
+            client = new_client(url)
             text, text_view, status, attention, history, summary = client.predict(
                 prompt="The city", n_tokens=12, memory=True, mem_len=12, temperature=1.0,
                 top_k=0, top_p=1.0, seed=0, api_name="/generate")
