@@ -140,7 +140,7 @@ def test_generate_streams(client, monkeypatch):
     # sends one, so the count is the code's, not the clock's.
     monkeypatch.setattr(app, "STREAM_EVERY_S", 0.0)
     job = client.submit(prompt="A", n_tokens=60, **settings(), api_name="/generate")
-    final = job.result(timeout=120)
+    final = job.result(timeout=300)
     texts = [out[0] for out in job.outputs()]
     assert texts[-1] == final[0] and len(final[0]) == 61
     assert [len(t) for t in texts[:-1]] == list(range(2, 61))  # one per step, in order
@@ -150,7 +150,7 @@ def test_generate_streams(client, monkeypatch):
 def test_generate_streams_the_views(client, monkeypatch):
     monkeypatch.setattr(app, "STREAM_EVERY_S", 0.0)  # read at call time: every step streams
     job = client.submit(prompt="A", n_tokens=400, **settings(), api_name="/generate")
-    final = job.result(timeout=120)
+    final = job.result(timeout=300)
     partial = job.outputs()[:-1]
     assert len(partial) > 1
     attentions = [out[3] for out in partial if isinstance(out[3], dict)]

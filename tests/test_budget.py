@@ -326,7 +326,7 @@ def test_concurrent_steps_under_a_small_budget_equal_each_session_alone(folder):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert not errors, errors[:3]
     assert sum(s.session.resident_bytes() for s in states.values()) > budget.limit or (

@@ -65,7 +65,7 @@ def run_remote(url: str, i: int, barrier: threading.Barrier, out: dict) -> None:
     client = new_client(url)
     try:
         settings = {k: p[k] for k in ("memory", "mem_len", "temperature", "top_k", "top_p")}
-        barrier.wait(timeout=120)
+        barrier.wait(timeout=300)
         texts = [
             client.predict(
                 prompt=p["prompt"],
@@ -184,7 +184,7 @@ def sessions(url: str, n: int, threads: int = 8) -> None:
     131 positions of memory, in buffers of 260)."""
 
     def work(part: list[int], errors: list) -> None:
-        with httpx.Client(timeout=120) as client:
+        with httpx.Client(timeout=300) as client:
             for i in part:
                 data = [PROMPT, 1, True, 128, 0.8, 0, 1.0, i, None, None]
                 try:

@@ -187,7 +187,7 @@ def run_python(code: str, *args: str, env: dict[str, str]) -> dict:
         capture_output=True,
         text=True,
         env=child_env,
-        timeout=120,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -237,7 +237,7 @@ def test_cli_refuses_unsupported_checkpoint(reference, tmp_path):
     (src / "config.json").write_text(json.dumps({**config, "attn_type": 1}))
     result = subprocess.run(
         [sys.executable, "-m", "txl.convert", str(src), str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
     )
     assert result.returncode == 2, result.stderr
     assert "attn_type 1" in result.stderr
