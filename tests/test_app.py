@@ -277,7 +277,7 @@ def test_score_numbers_equal_a_direct_score(server, client):
 
 
 def test_score_skips_the_sliding_window_of_long_texts(client, monkeypatch):
-    monkeypatch.setattr(app, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
+    monkeypatch.setattr(txl_serve, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
     _, summary, numbers, _, _ = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN, api_name="/score")
     assert numbers["bpc"]["sliding_window"] is None
     assert numbers["seconds"]["sliding_window"] is None
