@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -538,6 +539,68 @@ def test_score_of_short_texts_has_empty_sliding_bits(peaky):
     for text in ("", "a", "XYZ"):
         result = Session(peaky).score(text)
         assert result.bits_sliding.shape == (0,) and math.isnan(result.bpc_sliding)
+
+
+def test_score_stages_come_fastest_first_and_end_in_the_whole_score(peaky):
+    """score_stages: the two reads, the sweep, the sliding window chunk by chunk (more
+    chunks than one: its progress counts up to every char), then everything: the same
+    numbers as score() and context_sweep(), which read the text in one go."""
+    from txl.scoring import SLIDING_BATCH
+
+    s = Session(peaky, mem_len=6, seg_len=4)
+    text = TEXT * 2  # more windows than one sliding chunk holds
+    assert len(text) - 1 - 4 > SLIDING_BATCH
+    paced = []
+
+    @contextmanager
+    def pace():
+        paced.append(len(paced))
+        yield
+
+    stages = list(s.score_stages(text, pace=pace))
+    kinds = [stage.kind for stage in stages]
+    n_sliding = kinds.count("sliding")
+    assert kinds == ["reads", "sweep"] + ["sliding"] * n_sliding + ["done"] and n_sliding > 1
+    reads, sweep, done = stages[0], stages[1], stages[-1]
+    assert reads.result.bits_sliding is None and math.isfinite(reads.result.bpc_with)
+    progress = [(stage.done, stage.total) for stage in stages if stage.kind == "sliding"]
+    assert [d for d, _ in progress] == sorted({d for d, _ in progress})
+    assert progress[-1] == (len(text) - 1, len(text) - 1)
+    # Every chunk of work ran inside pace(): the reads, the sweep's other lengths, the
+    # sliding window's chunks.
+    swept = len(set(sweep.sweep.mem_lens) - {0, 6})
+    assert len(paced) == 2 + swept + n_sliding
+
+    whole = s.score(text)
+    np.testing.assert_allclose(done.result.bits_sliding, whole.bits_sliding, atol=1e-5)
+    np.testing.assert_allclose(done.result.bits_with, whole.bits_with, atol=1e-6)
+    np.testing.assert_allclose(done.result.bits_without, whole.bits_without, atol=1e-6)
+    direct = s.context_sweep(text)
+    assert done.sweep.mem_lens == direct.mem_lens
+    np.testing.assert_allclose(done.sweep.bpc, direct.bpc, atol=1e-6)
+    assert done.sweep.effective == direct.effective
+
+
+def test_score_stages_stop_where_pace_raises(peaky):
+    """A long job's cancel: pace() raises at the next chunk, and no chunk runs after."""
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    @contextmanager
+    def pace():
+        calls.append(1)
+        if len(calls) == 3:
+            raise Stop
+        yield
+
+    stages = Session(peaky, mem_len=6, seg_len=4).score_stages(TEXT, pace=pace)
+    assert next(stages).kind == "reads"
+    with pytest.raises(Stop):
+        next(stages)
+    assert len(calls) == 3
 
 
 def test_context_sweep_lengths_and_effective_context(peaky):

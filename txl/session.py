@@ -588,9 +588,12 @@ class Session:
                 left = s_sliding / done * (total - done)
                 yield ScoreStage("sliding", result, swept, done, total, left)
             bits_sliding = torch.cat(parts) if parts else torch.zeros(0)
-            result.bits_sliding = bits_sliding.numpy()
-            result.bpc_sliding = mean_or_nan(bits_sliding)
-            result.seconds_sliding = s_sliding
+            result = replace(  # a new result: the earlier stages' stays as it was
+                result,
+                bits_sliding=bits_sliding.numpy(),
+                bpc_sliding=mean_or_nan(bits_sliding),
+                seconds_sliding=s_sliding,
+            )
         yield ScoreStage("done", result, swept)
 
     def context_sweep(
