@@ -29,6 +29,8 @@ from .budget import (
     MemoryBudget,
     default_budget_bytes,
     growth_bytes,
+    note_heap_use,
+    trim_if_used,
     trim_memory,  # the sweep's; it lives with the allocator settings now
     tune_allocator,
 )
@@ -250,6 +252,8 @@ class Sessions:
         if self._freed or dropped:
             self._freed = False
             trim_memory()
+        else:  # what the requests of the last second freed goes back to the OS
+            trim_if_used()
         return released
 
 
@@ -454,9 +458,12 @@ class Server:
             except (TypeError, ValueError, OverflowError):
                 steps = s.history_steps
             growth = growth_bytes(s, mem_len, steps) if grows else 0
-            with self.budget.use(s, state.lock, growth) as restored_s:
-                state.restored_s = restored_s
-                yield
+            try:
+                with self.budget.use(s, state.lock, growth) as restored_s:
+                    state.restored_s = restored_s
+                    yield
+            finally:
+                note_heap_use()  # the sweep trims the heap within a second
 
     # -- the score: long work, streamed --
 
@@ -555,6 +562,7 @@ class Server:
             yield (gr.skip(),) * 5 + (state,)
         finally:
             job.close()
+            note_heap_use()
 
     @staticmethod
     def restore_note(state: UserState) -> str:

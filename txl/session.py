@@ -547,7 +547,8 @@ class Session:
             seconds_with=s_with,
             seconds_without=s_without,
         )
-        yield ScoreStage("reads", result)
+        total = max(len(ids) - 1, 0) if sliding else 0  # the sliding window's tokens
+        yield ScoreStage("reads", result, total=total)
 
         swept = None
         if sweep:
@@ -571,10 +572,10 @@ class Session:
                 effective=effective_context(lengths, bpc, tolerance),
                 tolerance=tolerance,
             )
-            yield ScoreStage("sweep", result, swept)
+            yield ScoreStage("sweep", result, swept, total=total)
 
         if sliding:
-            total, parts, s_sliding = max(len(ids) - 1, 0), [], 0.0
+            parts, s_sliding = [], 0.0
             for start, stop in sliding_chunks(len(ids), seg_len, SLIDING_BATCH):
                 with pace():
                     bits, took = timed(
