@@ -138,9 +138,9 @@ def wire(app, ui: dict, state: gr.State) -> None:
         app.score_click,
         [ui["score_text"], state],
         None,
-        queue=False,
         show_progress="hidden",
         api_visibility="private",
+        concurrency_limit=None,  # a check of the text, quick: never waits for a slot
     ).success(
         app.score,
         [ui["score_text"], ui["score_mem"], state],
