@@ -325,6 +325,13 @@ def test_a_new_score_cancels_the_sessions_running_one(server):
         next(old)
     txl_app.score_click(SCORE_TEXT, state)  # the page's click cancels at once
     assert list(next(new)[:5]) == [gr.skip()] * 5
+    # The visitor leaves: Gradio closes the handler's generator, which ends its job.
+    left = txl_app.score(SCORE_TEXT * 3, MEM_LEN, state)
+    next(left)
+    job = txl_app.traffic._jobs[id(state)]
+    assert not job.cancelled
+    left.close()
+    assert job.cancelled
 
 
 def test_score_tab_opens_with_an_example_and_checks_the_text_first(server):
