@@ -6,6 +6,7 @@ prompt feed of a long prompt through /step; two checkouts side by side in one ru
     python benchmarks/bench_score.py --before /tmp/before21 --steppers 16 --steps 20
     python benchmarks/bench_score.py --text scene.txt --repeats 3 --json out.json
     python benchmarks/bench_score.py --allocator --repeats 5     # the allocator's speed side
+    python benchmarks/bench_score.py --sliding-batches --repeats 3   # SLIDING_BATCH's choice
 
 For each app (``python app.py`` of the checkout, started here on a free port, one at a
 time, the apps alternating ``--repeats`` times so that both see the same machine):
@@ -245,6 +246,36 @@ def allocator_child(setting: str, text: str) -> dict:
     return dict(feed_ms_per_char=statistics.median(feed), sliding_ms_per_char=sliding)
 
 
+def compare_sliding_batches(repeats: int, chars: int = 400) -> dict:
+    """sliding_nll's ms per character for each batch size, with 1 and 2 threads, in this
+    process (the app's allocator settings), alternating ``repeats`` times."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from txl import TransformerXL, budget
+    from txl.scoring import sliding_nll, window_batch_size
+
+    budget.tune_allocator()
+    model = TransformerXL.from_pretrained(str(BUNDLED)).eval()
+    ids = torch.tensor(model.tokenizer.encode(SOURCE_TEXT[: chars + 64]))
+    batches = (4, 8, 16, 32, 64, window_batch_size(model, 64))
+    times: dict[tuple[int, int], list[float]] = {}
+    for _ in range(repeats):
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for batch in batches:
+                t0 = time.perf_counter()
+                sliding_nll(model, ids, 64, start=64, batch_size=batch)
+                ms = (time.perf_counter() - t0) * 1e3 / (len(ids) - 64)
+                times.setdefault((threads, batch), []).append(ms)
+    torch.set_num_threads(1)
+    print(f"sliding window of 64, ms per character (median of {repeats}); load {load()}")
+    for threads in (1, 2):
+        row = "  ".join(f"{b}: {statistics.median(times[threads, b]):6.2f}" for b in batches)
+        print(f"  {threads} thread(s)  batch {row}")
+    return {f"{t} threads, batch {b}": v for (t, b), v in times.items()}
+
+
 def compare_allocators(repeats: int) -> dict:
     import subprocess
 
@@ -288,6 +319,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--allocator", action="store_true", help="compare allocator settings")
     parser.add_argument("--allocator-child", help=argparse.SUPPRESS)
+    parser.add_argument("--sliding-batches", action="store_true", help="batch sizes' speed")
     args = parser.parse_args()
     text = Path(args.text).read_text() if args.text else balcony()
     SOURCE_TEXT = SHAKESPEARE.read_text()[:20_000] if SHAKESPEARE.exists() else text * 10
@@ -295,8 +327,9 @@ def main() -> None:
         print(json.dumps(allocator_child(args.allocator_child, SOURCE_TEXT)))
         return
     print(f"own CPU share: {own_cpu_share()}; load {load()}; scoring {len(text):,} chars")
-    if args.allocator:
-        runs = compare_allocators(args.repeats)
+    if args.allocator or args.sliding_batches:
+        compare = compare_allocators if args.allocator else compare_sliding_batches
+        runs = compare(args.repeats)
         if args.json:
             Path(args.json).write_text(json.dumps(runs, indent=2) + "\n")
         return

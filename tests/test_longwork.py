@@ -85,3 +85,23 @@ def test_a_new_job_of_the_same_owner_cancels_the_old_one_even_while_it_pauses():
     assert new.cancelled
     with pytest.raises(JobCancelled), new.turn():
         pass  # pragma: no cover
+
+
+def test_a_long_job_keeps_one_thread_while_two_do_not_pay():
+    """Chunks alike (work=1) where two threads are slower (other processes hold the
+    cores; here the chunk just takes longer with two): after the first probe of one
+    thread the job keeps one, and tries two again every PROBE_EVERY chunks."""
+    import time
+
+    from txl.longwork import PROBE_EVERY
+
+    traffic = Traffic(base_threads=1, long_threads=2)
+    job, used = traffic.start_job(), []
+    for _ in range(2 * PROBE_EVERY + 2):
+        with job.turn(work=1) as threads:
+            used.append(threads)
+            time.sleep(0.02 if threads == 2 else 0.001)  # the chunk's work, slower spread
+    probe = PROBE_EVERY - 1  # the 8th chunk (index 7) measures one thread
+    assert used[:probe] == [2] * probe and used[probe] == 1
+    assert used[probe + 1 : 2 * PROBE_EVERY - 1] == [1] * (PROBE_EVERY - 1)
+    assert used[2 * PROBE_EVERY - 1] == 2 and used[2 * PROBE_EVERY :] == [1, 1]

@@ -21,10 +21,13 @@ The policy, in one place (``Traffic.turn``):
   TXL_LONG_THREADS, at most the machine's cores) when no short request is in flight and no
   other long job holds the extra cores; otherwise with ``base_threads`` (1, the app's
   TXL_TORCH_THREADS). Two threads on a busy core made a Step 20x slower: a long job only
-  spreads out when the cores are free. torch's thread count is per OS thread, but a new
-  thread starts with the count last set anywhere, so every short request (``short()``)
-  pins its own thread back to ``base_threads`` (a no-op when it already is) and every
-  chunk restores its thread when it ends.
+  spreads out when the cores are free. Cores can also be held by other processes (a
+  shared machine): chunks that are alike (``turn(work=...)``) measure their speed with
+  each thread count, and while spreading is not at least 10 % faster the job keeps one
+  thread, trying two again every ``PROBE_EVERY`` chunks. torch's thread count is per OS
+  thread, but a new thread starts with the count last set anywhere, so every short
+  request (``short()``) pins its own thread back to ``base_threads`` (a no-op when it
+  already is) and every chunk restores its thread when it ends.
 - **Yielding.** While short requests are in flight, a long job works at most
   ``busy_share`` of the time (default 1/3 of one core): after a chunk of t seconds it
   waits up to t * (1 - share) / share, or until no short request is in flight, whichever
@@ -47,6 +50,8 @@ import weakref
 from contextlib import contextmanager
 
 import torch
+
+PROBE_EVERY = 8  # every 8th chunk on free cores measures the thread count not in use
 
 
 class JobCancelled(Exception):
@@ -87,6 +92,8 @@ class Traffic:
         self._short = 0  # short requests in flight
         self._spread = 0  # long-job chunks running with more than base_threads
         self._jobs: weakref.WeakValueDictionary[object, LongJob] = weakref.WeakValueDictionary()
+        self._rate: dict[int, float] = {}  # seconds per unit of work, by thread count
+        self._free_chunks = 0  # chunks started while the cores were free
         self.pausing = 0  # long jobs pausing for short requests now
         self.waited_s = 0.0  # total time long jobs waited for short ones (for benchmarks)
 
@@ -134,16 +141,35 @@ class Traffic:
         if job is not None:
             job.cancel()
 
+    def _threads_now(self) -> tuple[int, bool]:
+        """(threads for the next chunk, whether the cores are free for it). Under the lock."""
+        free = not self._short and not self._spread and self.long_threads > 1
+        if not free:
+            return self.base_threads, False
+        self._free_chunks += 1
+        spread, single = self._rate.get(self.long_threads), self._rate.get(self.base_threads)
+        probe = self._free_chunks % PROBE_EVERY == 0
+        if spread is not None and single is not None and spread > 0.9 * single:
+            # More threads do not pay now (other processes hold the cores): one thread,
+            # with a probe of the spread now and then in case the machine got quieter.
+            return (self.long_threads if probe else self.base_threads), True
+        if spread is not None and single is None and probe:
+            return self.base_threads, True  # a first measurement of one thread
+        return self.long_threads, True
+
     @contextmanager
-    def turn(self, job: LongJob):
-        """One chunk of a long job: its threads now, its pause afterwards."""
+    def turn(self, job: LongJob, work: float | None = None):
+        """One chunk of a long job: its threads now, its pause afterwards. ``work``: the
+        chunk's size when chunks are alike (the sliding window's windows): their speed
+        with each thread count, measured while the cores are free, decides whether
+        spreading pays (it does not when other processes hold the cores)."""
         if job.cancelled:
             raise JobCancelled
         with self._lock:
-            spread = not self._short and not self._spread and self.long_threads > 1
+            threads, free = self._threads_now()
+            spread = threads > self.base_threads
             if spread:
                 self._spread += 1
-        threads = self.long_threads if spread else self.base_threads
         t0 = time.perf_counter()
         try:
             with torch_threads(threads, restore=self.base_threads):
@@ -153,6 +179,10 @@ class Traffic:
                 with self._lock:
                     self._spread -= 1
         took = time.perf_counter() - t0
+        if work and free and not self._short:  # the cores were free all along: a fair sample
+            with self._lock:
+                rate, old = took / work, self._rate.get(threads)
+                self._rate[threads] = rate if old is None else 0.5 * old + 0.5 * rate
         if self._short and self.busy_share < 1:
             pause = took * (1 - self.busy_share) / self.busy_share
             t1 = time.perf_counter()
@@ -188,5 +218,5 @@ class LongJob:
         """The job is over (finished, failed or abandoned): nothing more may run."""
         self._cancelled.set()
 
-    def turn(self):
-        return self.traffic.turn(self)
+    def turn(self, work: float | None = None):
+        return self.traffic.turn(self, work)

@@ -513,9 +513,10 @@ class Session:
         sliding window), "sweep" (the memory-length sweep; ``sweep=False`` skips it),
         "sliding" after every chunk of the sliding window (characters done, total, seconds
         left), and "done" (the whole ScoreResult). ``pace``: a context-manager factory
-        around each chunk of work (txl.longwork's ``job.turn``: threads, pauses, cancel).
+        around each chunk of work (txl.longwork's ``job.turn``: threads, pauses, cancel);
+        the sliding window's chunks, all alike, pass ``work=`` their windows.
         The sweep reuses the two reads for memory 0 and mem_len: the same computation."""
-        pace = pace or nullcontext
+        pace = pace or (lambda work=None: nullcontext())
         ids, unknown = self.encode(text)
         ids = torch.tensor(ids, dtype=torch.long)  # [L]
         streams = ids.view(1, -1)  # [1, L]: one stream
@@ -577,7 +578,7 @@ class Session:
         if sliding:
             parts, s_sliding = [], 0.0
             for start, stop in sliding_chunks(len(ids), seg_len, SLIDING_BATCH):
-                with pace():
+                with pace(work=stop - start):
                     bits, took = timed(
                         lambda a=start, b=stop: sliding_nll(
                             self.model, ids, seg_len, a, b, batch_size=SLIDING_BATCH
