@@ -11,8 +11,20 @@ import torch
 from txl.longwork import JobCancelled, Traffic
 
 
+def calibrated(traffic: Traffic, faster: int) -> Traffic:
+    """Two chunks alike (one thread, then two) where ``faster`` threads take less time."""
+    import time
+
+    job = traffic.start_job()
+    for expected in (1, 2):
+        with job.turn(work=1) as threads:
+            assert threads == expected
+            time.sleep(0.001 if threads == faster else 0.02)
+    return traffic
+
+
 def test_a_chunk_spreads_only_when_no_short_request_runs():
-    traffic = Traffic(base_threads=1, long_threads=2)
+    traffic = calibrated(Traffic(base_threads=1, long_threads=2), faster=2)
     job = traffic.start_job()
     with job.turn() as threads:
         assert threads == 2 and torch.get_num_threads() == 2
@@ -25,7 +37,7 @@ def test_a_chunk_spreads_only_when_no_short_request_runs():
 
 
 def test_only_one_long_job_spreads_at_a_time():
-    traffic = Traffic(base_threads=1, long_threads=2)
+    traffic = calibrated(Traffic(base_threads=1, long_threads=2), faster=2)
     first, second = traffic.start_job(), traffic.start_job()
     with first.turn() as a, second.turn() as b:
         assert (a, b) == (2, 1)
@@ -89,19 +101,24 @@ def test_a_new_job_of_the_same_owner_cancels_the_old_one_even_while_it_pauses():
 
 def test_a_long_job_keeps_one_thread_while_two_do_not_pay():
     """Chunks alike (work=1) where two threads are slower (other processes hold the
-    cores; here the chunk just takes longer with two): after the first probe of one
-    thread the job keeps one, and tries two again every PROBE_EVERY chunks."""
+    cores; here the chunk just takes longer with two): one thread is measured, then two,
+    then one is kept; two are tried again after PROBE_EVERY chunks, then after twice as
+    many since the try confirmed the choice. Chunks without work= take the choice."""
     import time
 
     from txl.longwork import PROBE_EVERY
 
     traffic = Traffic(base_threads=1, long_threads=2)
     job, used = traffic.start_job(), []
-    for _ in range(2 * PROBE_EVERY + 2):
+    with job.turn() as threads:  # nothing measured yet: one thread
+        assert threads == 1
+    for _ in range(3 * PROBE_EVERY):
         with job.turn(work=1) as threads:
             used.append(threads)
             time.sleep(0.02 if threads == 2 else 0.001)  # the chunk's work, slower spread
-    probe = PROBE_EVERY - 1  # the 8th chunk (index 7) measures one thread
-    assert used[:probe] == [2] * probe and used[probe] == 1
-    assert used[probe + 1 : 2 * PROBE_EVERY - 1] == [1] * (PROBE_EVERY - 1)
-    assert used[2 * PROBE_EVERY - 1] == 2 and used[2 * PROBE_EVERY :] == [1, 1]
+    assert used[:2] == [1, 2]
+    first_try = 2 + PROBE_EVERY - 1  # counted in chunks on free cores (the first included)
+    assert used[2:first_try] == [1] * (first_try - 2) and used[first_try] == 2
+    assert used[first_try + 1 :] == [1] * (len(used) - first_try - 1)  # next: 2x later
+    with job.turn() as threads:
+        assert threads == 1

@@ -23,11 +23,12 @@ The policy, in one place (``Traffic.turn``):
   TXL_TORCH_THREADS). Two threads on a busy core made a Step 20x slower: a long job only
   spreads out when the cores are free. Cores can also be held by other processes (a
   shared machine): chunks that are alike (``turn(work=...)``) measure their speed with
-  each thread count, and while spreading is not at least 10 % faster the job keeps one
-  thread, trying two again every ``PROBE_EVERY`` chunks. torch's thread count is per OS
-  thread, but a new thread starts with the count last set anywhere, so every short
-  request (``short()``) pins its own thread back to ``base_threads`` (a no-op when it
-  already is) and every chunk restores its thread when it ends.
+  one thread and with two, and two are used only while at least 10 % faster; the other
+  count is tried again after PROBE_EVERY chunks, the interval doubling (up to 8x) each
+  time the try confirms the choice. Until measured, other chunks take one thread.
+  torch's thread count is per OS thread, but a new thread starts with the count last set
+  anywhere, so every short request (``short()``) pins its own thread back to
+  ``base_threads`` (a no-op when it already is) and every chunk restores its thread.
 - **Yielding.** While short requests are in flight, a long job works at most
   ``busy_share`` of the time (default 1/3 of one core): after a chunk of t seconds it
   waits up to t * (1 - share) / share, or until no short request is in flight, whichever
@@ -94,6 +95,8 @@ class Traffic:
         self._jobs: weakref.WeakValueDictionary[object, LongJob] = weakref.WeakValueDictionary()
         self._rate: dict[int, float] = {}  # seconds per unit of work, by thread count
         self._free_chunks = 0  # chunks started while the cores were free
+        self._interval = PROBE_EVERY  # chunks between tries of the thread count not chosen
+        self._next_probe = 0
         self.pausing = 0  # long jobs pausing for short requests now
         self.waited_s = 0.0  # total time long jobs waited for short ones (for benchmarks)
 
@@ -141,21 +144,43 @@ class Traffic:
         if job is not None:
             job.cancel()
 
-    def _threads_now(self) -> tuple[int, bool]:
-        """(threads for the next chunk, whether the cores are free for it). Under the lock."""
-        free = not self._short and not self._spread and self.long_threads > 1
-        if not free:
+    def _threads_now(self, calibrating: bool) -> tuple[int, bool]:
+        """(threads for the next chunk, whether the cores are free for it). Under the lock.
+
+        Chunks alike (``calibrating``) measure one thread first, then two, then keep the
+        faster, trying the other now and then: a try that confirms the choice doubles the
+        interval to the next (PROBE_EVERY chunks, up to 8 times that), one that overturns
+        it starts again from PROBE_EVERY. Other chunks take the choice, one thread before
+        any is made."""
+        if not (not self._short and not self._spread and self.long_threads > 1):
             return self.base_threads, False
         self._free_chunks += 1
-        spread, single = self._rate.get(self.long_threads), self._rate.get(self.base_threads)
-        probe = self._free_chunks % PROBE_EVERY == 0
-        if spread is not None and single is not None and spread > 0.9 * single:
-            # More threads do not pay now (other processes hold the cores): one thread,
-            # with a probe of the spread now and then in case the machine got quieter.
-            return (self.long_threads if probe else self.base_threads), True
-        if spread is not None and single is None and probe:
-            return self.base_threads, True  # a first measurement of one thread
-        return self.long_threads, True
+        single, spread = self._rate.get(self.base_threads), self._rate.get(self.long_threads)
+        if single is None or spread is None:
+            first = self.base_threads if single is None else self.long_threads
+            return (first if calibrating else self.base_threads), True
+        if calibrating and self._free_chunks >= self._next_probe:
+            return self._other(self._best()), True
+        return self._best(), True
+
+    def _best(self) -> int:
+        single, spread = self._rate[self.base_threads], self._rate[self.long_threads]
+        return self.long_threads if spread < 0.9 * single else self.base_threads
+
+    def _other(self, threads: int) -> int:
+        return self.base_threads if threads == self.long_threads else self.long_threads
+
+    def _record(self, threads: int, rate: float) -> None:
+        """A calibrating chunk's seconds per unit of work. Under the lock."""
+        known = len(self._rate) == 2
+        before = self._best() if known else None
+        old = self._rate.get(threads)
+        self._rate[threads] = rate if old is None else 0.5 * old + 0.5 * rate
+        if before is not None and threads != before:  # that was a try of the other
+            confirmed = self._best() == before
+            self._interval = min(2 * self._interval, 8 * PROBE_EVERY) if confirmed else PROBE_EVERY
+        if len(self._rate) == 2 and (before is None or threads != before):
+            self._next_probe = self._free_chunks + self._interval
 
     @contextmanager
     def turn(self, job: LongJob, work: float | None = None):
@@ -166,7 +191,7 @@ class Traffic:
         if job.cancelled:
             raise JobCancelled
         with self._lock:
-            threads, free = self._threads_now()
+            threads, free = self._threads_now(calibrating=bool(work))
             spread = threads > self.base_threads
             if spread:
                 self._spread += 1
@@ -181,8 +206,7 @@ class Traffic:
         took = time.perf_counter() - t0
         if work and free and not self._short:  # the cores were free all along: a fair sample
             with self._lock:
-                rate, old = took / work, self._rate.get(threads)
-                self._rate[threads] = rate if old is None else 0.5 * old + 0.5 * rate
+                self._record(threads, took / work)
         if self._short and self.busy_share < 1:
             pause = took * (1 - self.busy_share) / self.busy_share
             t1 = time.perf_counter()
