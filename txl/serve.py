@@ -496,8 +496,8 @@ class Server:
         memory-length sweep, then the sliding window's progress and, at the end, all five
         outputs complete. A generator: Gradio streams each stage, gradio_client's
         ``predict`` returns the last. The work runs as a long job (txl/longwork.py): two
-        threads when the machine is free, paused for other visitors' Steps, cancelled by
-        this session's next Score or when the visitor leaves."""
+        threads when the cores are free and two pay, paused for other visitors' Steps,
+        cancelled by this session's next Score or when the visitor leaves."""
         state = self.ensure(state)
         self.score_check(text, state)
         text = text or ""
