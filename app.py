@@ -42,6 +42,7 @@ import time  # noqa: E402
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
+from tabs import score as score_tab  # noqa: E402
 from txl import TXLConfig, viz  # noqa: E402
 from txl.hub import TXLLoadError  # noqa: E402
 from txl.serve import (  # noqa: E402
@@ -63,8 +64,6 @@ from txl.serve import (  # noqa: E402
 from txl.session import Session  # noqa: E402
 
 MAX_NEW_TOKENS = 500  # per Generate call
-MAX_SCORE_CHARS = 20_000
-MAX_SLIDING_CHARS = 5_000  # the score tab's sliding window: ~5 ms per character here
 MAX_SOURCE_CHARS = 256  # the Load box: a Hub id is at most 96 + 1 + 96 characters
 STREAM_EVERY_S = 0.08  # Generate sends the text at most this often
 HEATMAP_COLUMNS = 160  # more keys than this are summed into buckets (mem_len 128 + 1 fits)
@@ -241,39 +240,6 @@ class TXLApp(Server):
             state.session.reset()
             return self.all_views(state, None, None)
 
-    def score(self, text, mem_len, state):
-        """The text read three ways (segments alone, a sliding window of the segment
-        length, memory) and with memories of 0 to 1,024: charts, words and numbers."""
-        state = self.ensure(state)
-        text = text or ""
-        if len(text) > MAX_SCORE_CHARS:
-            raise gr.Error(
-                f"The text is {len(text):,} characters; the limit is {MAX_SCORE_CHARS:,}."
-            )
-        with user_errors():
-            mem_len = min(as_int("mem_len", mem_len, 0, MAX_MEM_LEN), self.mem_cap(state.model))
-            scorer = Session(state.model, mem_len=mem_len)  # the user's text stays untouched
-            # The sliding window runs the model once per character: seg_len times the work.
-            result = scorer.score(text, sliding=len(text) <= MAX_SLIDING_CHARS)
-            sweep = scorer.context_sweep(text) if result.chars else None
-        if not result.chars:
-            raise gr.Error("Nothing to score: paste at least two characters the model knows.")
-        unit = scorer.tokenizer.unit
-        summary = viz.score_markdown(result, scorer.seg_len, mem_len, unit=unit)
-        if result.bits_sliding is None:
-            summary += (
-                f"\n\n(The sliding window is computed for texts of up to "
-                f"{MAX_SLIDING_CHARS:,} characters: it runs the model once per character.)"
-            )
-        return (
-            viz.surprisal_figure_from_result(result),
-            summary,
-            viz.score_numbers(result, sweep),
-            viz.context_figure(sweep, unit=unit, sliding_bpc=result.bpc_sliding),
-            viz.context_markdown(sweep, unit=unit),
-            state,
-        )
-
     def load_model(self, source, state, progress=gr.Progress()):  # noqa: B008 (Gradio's way)
         """Load a model (a folder or a Hub repo id) for this browser session only; on
         failure the current model stays."""
@@ -365,7 +331,7 @@ class TXLApp(Server):
                 with gr.Tab("Watch the memory", id="watch"):
                     ui = self.watch_tab()
                 with gr.Tab("Does memory help?", id="score"):
-                    ui.update(self.score_tab())
+                    ui.update(score_tab.build(self))
             self.wire(ui, state)
             api_names = {"score_mem": "mem_len"}  # the score tab's slider
             name_input_errors((api_names.get(k, k), c) for k, c in ui.items())
@@ -485,43 +451,6 @@ class TXLApp(Server):
                 gr.Markdown(HEATMAP_HELP)
         return ui
 
-    def score_tab(self) -> dict:
-        """A text and a Score button; the text read three ways (segments alone, a sliding
-        window, memory) with the time each took; and how far back the model reads."""
-        mem_len = self.start_mem_len(self.default_model) if self.default_model else 0
-        ui = {}
-        with gr.Row():
-            with gr.Column(scale=4, min_width=300):
-                ui["score_text"] = gr.Textbox(
-                    lines=10, max_lines=20, label="Text to score", elem_id="score_text"
-                )
-                with gr.Row():
-                    ui["score_mem"] = gr.Slider(
-                        0, MAX_MEM_LEN, value=mem_len, step=1, label="mem_len", min_width=160
-                    )
-                    ui["score"] = gr.Button(
-                        "Score", variant="primary", elem_id="score_btn", min_width=90
-                    )
-                gr.Examples(
-                    [[ROMEO_AND_JULIET], [REPEATED]],
-                    inputs=[ui["score_text"]],
-                    example_labels=["Romeo and Juliet, the balcony scene", "A quatrain, twice"],
-                )
-                gr.Markdown(viz.SCORE_HELP)
-            with gr.Column(scale=6, min_width=300):
-                ui["score_md"] = gr.Markdown(label="bits per character", elem_id="score_summary")
-                ui["score_plot"] = gr.Plot(
-                    show_label=False, label="Surprisal per character", elem_id="score_plot"
-                )
-                ui["context_md"] = gr.Markdown(elem_id="context_summary")
-                ui["context_plot"] = gr.Plot(
-                    show_label=False, label="How far back does it read?", elem_id="context_plot"
-                )
-                gr.Markdown(viz.CONTEXT_HELP)
-                with gr.Accordion("The numbers (JSON)", open=False):
-                    ui["score_numbers"] = gr.JSON(label="scores", elem_id="score_numbers")
-        return ui
-
     def wire(self, ui: dict, state: gr.State) -> None:
         """Events: five public endpoints, the rest private."""
         settings = [ui[k] for k in ("memory", "mem_len", "temperature", "top_k", "top_p", "seed")]
@@ -547,14 +476,7 @@ class TXLApp(Server):
         # Play runs in the page (txl/web/views.js): Step after Step, no loop on the server.
         ui["play"].click(None, js="() => { TXL.togglePlay(); }")
         ui["reset"].click(self.reset, [state], views, api_name="reset")
-        ui["score"].click(
-            self.score,
-            [ui["score_text"], ui["score_mem"], state],
-            [ui[k] for k in ("score_plot", "score_md", "score_numbers")]
-            + [ui["context_plot"], ui["context_md"], state],
-            api_name="score",
-            concurrency_limit=2,
-        )
+        score_tab.wire(self, ui, state)  # /score
         ui["load"].click(
             self.load_model,
             [ui["source"], state],
@@ -659,81 +581,6 @@ CSS = (
 }
 """
 )
-
-# Public domain: Shakespeare, Romeo and Juliet, act 2 scene 2 (the balcony scene).
-ROMEO_AND_JULIET = """\
-ROMEO:
-But, soft! what light through yonder window breaks?
-It is the east, and Juliet is the sun.
-Arise, fair sun, and kill the envious moon,
-Who is already sick and pale with grief,
-That thou her maid art far more fair than she:
-Be not her maid, since she is envious;
-Her vestal livery is but sick and green
-And none but fools do wear it; cast it off.
-It is my lady, O, it is my love!
-O, that she knew she were!
-She speaks yet she says nothing: what of that?
-Her eye discourses; I will answer it.
-I am too bold, 'tis not to me she speaks:
-Two of the fairest stars in all the heaven,
-Having some business, do entreat her eyes
-To twinkle in their spheres till they return.
-What if her eyes were there, they in her head?
-The brightness of her cheek would shame those stars,
-As daylight doth a lamp; her eyes in heaven
-Would through the airy region stream so bright
-That birds would sing and think it were not night.
-See, how she leans her cheek upon her hand!
-O, that I were a glove upon that hand,
-That I might touch that cheek!
-
-JULIET:
-Ay me!
-
-ROMEO:
-She speaks:
-O, speak again, bright angel! for thou art
-As glorious to this night, being o'er my head
-As is a winged messenger of heaven
-Unto the white-upturned wondering eyes
-Of mortals that fall back to gaze on him
-When he bestrides the lazy-pacing clouds
-And sails upon the bosom of the air.
-
-JULIET:
-O Romeo, Romeo! wherefore art thou Romeo?
-Deny thy father and refuse thy name;
-Or, if thou wilt not, be but sworn my love,
-And I'll no longer be a Capulet.
-
-ROMEO:
-Shall I hear more, or shall I speak at this?
-
-JULIET:
-'Tis but thy name that is my enemy;
-Thou art thyself, though not a Montague.
-What's Montague? it is nor hand, nor foot,
-Nor arm, nor face, nor any other part
-Belonging to a man. O, be some other name!
-What's in a name? that which we call a rose
-By any other name would smell as sweet;
-So Romeo would, were he not Romeo call'd,
-Retain that dear perfection which he owes
-Without that title. Romeo, doff thy name,
-And for that name which is no part of thee
-Take all myself.
-"""
-
-# Public domain: Shakespeare, Sonnet 18, its first quatrain twice. The second copy is
-# within reach of a 128-token memory: watch its surprisal drop when memory is on.
-_QUATRAIN = """\
-Shall I compare thee to a summer's day?
-Thou art more lovely and more temperate:
-Rough winds do shake the darling buds of May,
-And summer's lease hath all too short a date.
-"""
-REPEATED = _QUATRAIN + "\n" + _QUATRAIN
 
 
 def main() -> None:

@@ -187,7 +187,9 @@ def kv_bytes(model_folder: str, positions: int) -> int:
 
 
 def balcony() -> str:
-    source = (ROOT / "app.py").read_text()
+    """The Score tab's first example (read from the source: no gradio import needed)."""
+    home = ROOT / "tabs" / "score.py"
+    source = (home if home.exists() else ROOT / "app.py").read_text()
     start = source.index('ROMEO_AND_JULIET = """\\\n') + len('ROMEO_AND_JULIET = """\\\n')
     return source[start : source.index('"""', start)]
 

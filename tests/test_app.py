@@ -296,11 +296,79 @@ def test_score_numbers_equal_a_direct_score(server, client):
 
 
 def test_score_skips_the_sliding_window_of_long_texts(client, monkeypatch):
-    monkeypatch.setattr(app, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
+    monkeypatch.setattr(txl_serve, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
     _, summary, numbers, _, _ = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN, api_name="/score")
     assert numbers["bpc"]["sliding_window"] is None
     assert numbers["seconds"]["sliding_window"] is None
     assert math.isfinite(numbers["bpc"]["memory"]) and "sliding window is computed" in summary
+
+
+def test_score_streams_its_stages_and_ends_with_the_direct_sliding_window(server, client):
+    """submit() sees the stages: memory and segments alone first (no sliding window yet,
+    its progress in the summary), the sweep, then all five outputs; the sliding window's
+    bpc is sliding_nll's, computed directly."""
+    from txl.scoring import sliding_nll
+
+    text = SCORE_TEXT * 3
+    job = client.submit(text=text, mem_len=MEM_LEN, api_name="/score")
+    job.result()  # waits for the end
+    stages = job.outputs()
+    assert len(stages) >= 3
+    first_plot, first_summary, first_numbers = stages[0][:3]
+    assert first_plot["type"] == "plotly" and "sliding window" in first_summary
+    assert first_numbers["bpc"]["sliding_window"] is None
+    assert math.isfinite(first_numbers["bpc"]["memory"])
+    assert any(
+        "context_sweep" in (out[2] or {}) for out in stages[1:-1] if isinstance(out[2], dict)
+    )
+    numbers = stages[-1][2]
+    model = server[1].default_model
+    ids = torch.tensor(model.tokenizer.encode(text))
+    direct = (sliding_nll(model, ids, SEG_LEN) / math.log(2)).mean().item()
+    assert numbers["bpc"]["sliding_window"] == pytest.approx(direct, abs=1e-3)
+    assert numbers["bpc"]["memory"] == first_numbers["bpc"]["memory"]
+    assert "context_sweep" in numbers
+
+
+def test_a_new_score_cancels_the_sessions_running_one(server):
+    """The handler itself (a generator): the same session's next Score, or its click,
+    stops the running one at its next chunk; it then leaves the outputs alone."""
+    txl_app = server[1]
+    state = txl_app.ensure(None)
+    old = txl_app.score(SCORE_TEXT * 3, MEM_LEN, state)
+    assert next(old)[2]["bpc"]["sliding_window"] is None  # the reads: the job is running
+    new = txl_app.score(SCORE_TEXT, MEM_LEN, state)
+    assert next(new)[2]["tokens"] == len(SCORE_TEXT) - 1  # starting it cancelled the old
+    assert list(next(old)[:5]) == [gr.skip()] * 5
+    with pytest.raises(StopIteration):
+        next(old)
+    txl_app.score_click(SCORE_TEXT, state)  # the page's click cancels at once
+    assert list(next(new)[:5]) == [gr.skip()] * 5
+    # The visitor leaves: Gradio closes the handler's generator, which ends its job.
+    left = txl_app.score(SCORE_TEXT * 3, MEM_LEN, state)
+    next(left)
+    job = txl_app.traffic._jobs[id(state)]
+    assert not job.cancelled
+    left.close()
+    assert job.cancelled
+
+
+def test_score_tab_opens_with_an_example_and_checks_the_text_first(server):
+    """The first click works (the box is filled); a text it cannot score is refused by
+    the private check before /score runs, so the charts stay as they were."""
+    from tabs.score import ROMEO_AND_JULIET
+
+    txl_app = server[1]
+    demo = txl_app.build()
+    boxes = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "score_text"]
+    assert boxes and boxes[0].value == ROMEO_AND_JULIET
+    state = txl_app.ensure(None)
+    for text, message in (("", "Nothing to score"), ("\x00", "Nothing to score")):
+        with pytest.raises(gr.Error, match=message):
+            txl_app.score_click(text, state)
+    with pytest.raises(gr.Error, match="20,000"):
+        txl_app.score_click("a" * 20_001, state)
+    txl_app.score_click(ROMEO_AND_JULIET, state)  # no error
 
 
 def new_state(txl_app, prompt="ROMEO:\n", steps=6):

@@ -179,8 +179,9 @@ def test_page_steps_generates_and_stays_offline(app_url, browser_page):
     page.get_by_role("tab", name="Does memory help?").click()
     page.get_by_text("A quatrain, twice").click()
     page.click("#score_btn")
+    # The Score streams: memory first, the sliding window last; this line comes at the end.
     page.wait_for_function(
-        "document.querySelector('#score_summary').innerText.includes('sliding window')"
+        "document.querySelector('#score_summary').innerText.includes('Memory vs the sliding')"
     )
     page.wait_for_selector("#score_plot .main-svg")
     page.wait_for_selector("#context_plot .main-svg")
@@ -195,6 +196,34 @@ def test_page_steps_generates_and_stays_offline(app_url, browser_page):
     outside = {urlparse(u).hostname for u in log["requests"]} - {"127.0.0.1"}
     assert not outside, f"requests left 127.0.0.1: {sorted(outside)}"
     assert not [u for u in log["failed"] if urlparse(u).hostname != "127.0.0.1"]
+
+
+def test_score_tab_works_at_the_first_click_and_keeps_its_charts_on_a_bad_text(
+    app_url, browser_page
+):
+    page, log = browser_page
+    page.goto(app_url, wait_until="load")
+    page.wait_for_selector("#step")  # the page is up
+    page.get_by_role("tab", name="Does memory help?").click()
+    box = page.locator("#score_text textarea")
+    assert box.input_value().startswith("ROMEO:")  # the first example is there already
+    page.click("#score_btn")
+    page.wait_for_function(
+        "document.querySelector('#score_summary').innerText.includes('Memory vs the sliding')"
+    )
+    page.wait_for_function("document.querySelectorAll('#context_plot .main-svg').length > 0")
+    summary = page.inner_text("#score_summary")
+    charts = page.locator("#score_plot .main-svg, #context_plot .main-svg").count()
+
+    box.fill("")
+    page.click("#score_btn")
+    page.wait_for_selector("text=Nothing to score")  # the check's message
+    # The charts and the summary are the last Score's, with no error badge on them.
+    assert page.locator("#score_plot .main-svg, #context_plot .main-svg").count() == charts
+    assert page.inner_text("#score_summary") == summary
+    assert page.locator("#score_plot .error, #context_plot .error").count() == 0
+    errors = [text for kind, text in log["console"] if kind == "error"]
+    assert not errors, errors
 
 
 def test_play_steps_until_clicked_again_and_history_goes_back(app_url, browser_page):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,9 @@ TEXT = "abc abd\nabe fgh hag bad cab deaf\nface"  # 37 characters
 
 
 def tiny_model(vocab=VOCAB, std=0.3, seed=0, **overrides) -> TransformerXL:
-    cfg = dict(d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=32, tgt_len=4, mem_len=6,
-               dropout=0.0)
+    cfg = dict(
+        d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=32, tgt_len=4, mem_len=6, dropout=0.0
+    )
     cfg.update(overrides)
     with torch.random.fork_rng():  # the global generator is other tests' business
         torch.manual_seed(seed)
@@ -67,23 +69,38 @@ def full_forward(model, ids) -> torch.Tensor:
 def state(s: Session):
     """Everything a failed call must leave unchanged."""
     kv = None if s.kv is None else [k[:, :, s.kv.start : s.kv.end].clone() for k in s.kv.k]
-    return (s.text, list(s.ids), s.memory, s.mem_len, s.seg_len, s.temperature, s.top_k,
-            s.top_p, s.seed, s.memory_info(), kv, s.generator.get_state())
+    return (
+        s.text,
+        list(s.ids),
+        s.memory,
+        s.mem_len,
+        s.seg_len,
+        s.temperature,
+        s.top_k,
+        s.top_p,
+        s.seed,
+        s.memory_info(),
+        kv,
+        s.generator.get_state(),
+    )
 
 
 def same_state(a, b) -> bool:
     *plain_a, kv_a, gen_a = a
     *plain_b, kv_b, gen_b = b
     same_kv = (kv_a is None and kv_b is None) or (
-        kv_a is not None and kv_b is not None and all(map(torch.equal, kv_a, kv_b)))
+        kv_a is not None and kv_b is not None and all(map(torch.equal, kv_a, kv_b))
+    )
     return plain_a == plain_b and same_kv and torch.equal(gen_a, gen_b)
 
 
 # ---- exactness --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", [{}, {"pre_lnorm": True}, {"untie_r": False},
-                                     {"same_length": True}, {"clamp_len": 5}])
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"pre_lnorm": True}, {"untie_r": False}, {"same_length": True}, {"clamp_len": 5}],
+)
 def test_memory_step_equals_forward_over_everything(variant):
     """mem_len longer than the text: the memory covers all of it, so the cached step
     (fed in segments of 4, then one token at a time) is one causal forward over it all."""
@@ -137,8 +154,14 @@ def test_memory_off_is_a_forward_over_the_last_window(peaky):
         assert trace.key_positions.tolist() == list(range(len(s.ids) - 5, len(s.ids)))
     info = s.memory_info()
     assert info.pop("history_steps") == 4 and info.pop("history_bytes") > 0
-    assert info == {"memory": False, "tokens": 0, "mem_len": 6, "bytes": 0,
-                    "span": (len(s.ids), len(s.ids)), "context": 5}
+    assert info == {
+        "memory": False,
+        "tokens": 0,
+        "mem_len": 6,
+        "bytes": 0,
+        "span": (len(s.ids), len(s.ids)),
+        "context": 5,
+    }
 
 
 def test_trace_lines_up_with_the_text(peaky):
@@ -167,10 +190,16 @@ def test_trace_with_a_full_memory(peaky):
     assert trace.key_positions.tolist() == list(range(14, 21))  # 6 memory + the new token
     assert trace.attentions.shape == (2, 2, 7) and trace.memory_tokens == 6
     np.testing.assert_allclose(trace.attentions.sum(-1), 1.0, atol=1e-5)
-    assert s.memory_info() == {"memory": True, "tokens": 6, "mem_len": 6,
-                               "bytes": s.kv.nbytes, "span": (15, 21), "context": 7,
-                               "history_steps": 1,
-                               "history_bytes": trace.attentions.size * 2 + 7 * 4}
+    assert s.memory_info() == {
+        "memory": True,
+        "tokens": 6,
+        "mem_len": 6,
+        "bytes": s.kv.nbytes,
+        "span": (15, 21),
+        "context": 7,
+        "history_steps": 1,
+        "history_bytes": trace.attentions.size * 2 + 7 * 4,
+    }
 
 
 def test_mem_len_zero_sees_only_the_new_token(peaky):
@@ -413,8 +442,15 @@ def test_invalid_settings_raise_and_change_nothing(peaky, call):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"temperature": -1}, {"temperature": math.nan}, {"top_k": -2}, {"top_p": 0},
-     {"top_p": 1.01}, {"mem_len": -1}, {"seg_len": 0}],
+    [
+        {"temperature": -1},
+        {"temperature": math.nan},
+        {"top_k": -2},
+        {"top_p": 0},
+        {"top_p": 1.01},
+        {"mem_len": -1},
+        {"seg_len": 0},
+    ],
 )
 def test_invalid_constructor_arguments(peaky, kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -475,6 +511,7 @@ def test_score_drops_unknowns_and_handles_short_texts(peaky):
 
 # ---- properties ---------------------------------------------------------------------------
 
+
 @functools.cache
 def property_model(vocab: tuple[str, ...]) -> TransformerXL:
     return tiny_model(vocab=list(vocab), n_layer=1, d_model=8, d_head=4, d_inner=8)
@@ -484,8 +521,12 @@ CHARS = st.sampled_from(list("abcdefgh \n?X\té\x00😀"))
 
 
 @settings(max_examples=40, deadline=None)
-@given(prompt=st.text(CHARS, max_size=12), more=st.lists(st.text(CHARS, max_size=9), max_size=3),
-       vocab=st.sampled_from([VOCAB, VOCAB_Q]), memory=st.booleans())
+@given(
+    prompt=st.text(CHARS, max_size=12),
+    more=st.lists(st.text(CHARS, max_size=9), max_size=3),
+    vocab=st.sampled_from([VOCAB, VOCAB_Q]),
+    memory=st.booleans(),
+)
 def test_any_text_feeds_cleanly(prompt, more, vocab, memory):
     model = property_model(tuple(vocab))
     s = Session(model, memory=memory, mem_len=5, seg_len=3)
@@ -500,7 +541,6 @@ def test_any_text_feeds_cleanly(prompt, more, vocab, memory):
     start, end = s.memory_info()["span"]
     assert end == len(s.ids) and end - start == (min(5, len(s.ids)) if memory else 0)
     assert s.step(capture=False).position == len(s.ids) - 1
-
 
 
 # ---- three ways of reading, and how far back ----------------------------------------------
@@ -538,6 +578,70 @@ def test_score_of_short_texts_has_empty_sliding_bits(peaky):
     for text in ("", "a", "XYZ"):
         result = Session(peaky).score(text)
         assert result.bits_sliding.shape == (0,) and math.isnan(result.bpc_sliding)
+
+
+def test_score_stages_come_fastest_first_and_end_in_the_whole_score(peaky):
+    """score_stages: the two reads, the sweep, the sliding window chunk by chunk (more
+    chunks than one: its progress counts up to every char), then everything: the same
+    numbers as score() and context_sweep(), which read the text in one go."""
+    from txl.scoring import SLIDING_BATCH
+
+    s = Session(peaky, mem_len=6, seg_len=4)
+    text = TEXT * 2  # more windows than one sliding chunk holds
+    assert len(text) - 1 - 4 > SLIDING_BATCH
+    paced = []
+
+    @contextmanager
+    def pace(work=None):
+        paced.append(work)
+        yield
+
+    stages = list(s.score_stages(text, pace=pace))
+    kinds = [stage.kind for stage in stages]
+    n_sliding = kinds.count("sliding")
+    assert kinds == ["reads", "sweep"] + ["sliding"] * n_sliding + ["done"] and n_sliding > 1
+    reads, sweep, done = stages[0], stages[1], stages[-1]
+    assert reads.result.bits_sliding is None and math.isfinite(reads.result.bpc_with)
+    progress = [(stage.done, stage.total) for stage in stages if stage.kind == "sliding"]
+    assert [d for d, _ in progress] == sorted({d for d, _ in progress})
+    assert progress[-1] == (len(text) - 1, len(text) - 1)
+    # Every chunk of work ran inside pace(): the reads, the sweep's other lengths, the
+    # sliding window's chunks.
+    swept = len(set(sweep.sweep.mem_lens) - {0, 6})
+    assert len(paced) == 2 + swept + n_sliding
+    assert paced[: 2 + swept] == [None] * (2 + swept)  # the sliding chunks say their size
+    assert all(0 < work <= SLIDING_BATCH for work in paced[2 + swept :])
+
+    whole = s.score(text)
+    np.testing.assert_allclose(done.result.bits_sliding, whole.bits_sliding, atol=1e-5)
+    np.testing.assert_allclose(done.result.bits_with, whole.bits_with, atol=1e-6)
+    np.testing.assert_allclose(done.result.bits_without, whole.bits_without, atol=1e-6)
+    direct = s.context_sweep(text)
+    assert done.sweep.mem_lens == direct.mem_lens
+    np.testing.assert_allclose(done.sweep.bpc, direct.bpc, atol=1e-6)
+    assert done.sweep.effective == direct.effective
+
+
+def test_score_stages_stop_where_pace_raises(peaky):
+    """A long job's cancel: pace() raises at the next chunk, and no chunk runs after."""
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    @contextmanager
+    def pace(work=None):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Stop
+        yield
+
+    stages = Session(peaky, mem_len=6, seg_len=4).score_stages(TEXT, pace=pace)
+    assert next(stages).kind == "reads"
+    with pytest.raises(Stop):
+        next(stages)
+    assert len(calls) == 3
 
 
 def test_context_sweep_lengths_and_effective_context(peaky):
@@ -591,7 +695,10 @@ def test_history_keeps_only_the_steps_that_captured_attention(peaky):
         assert kept.attentions.dtype == np.float16 and kept.key_positions.dtype == np.int32
         assert kept.key_positions.tolist() == trace.key_positions.tolist()
         assert (kept.token_id, kept.char, kept.n_memory) == (
-            trace.token_id, trace.char, trace.n_memory)
+            trace.token_id,
+            trace.char,
+            trace.n_memory,
+        )
         # float16: a relative precision of 2**-11, weights <= 1
         np.testing.assert_allclose(kept.attentions, trace.attentions, rtol=2**-10, atol=1e-4)
     np.testing.assert_allclose(s.history[-1].attentions, s.last_trace.attentions, atol=1e-3)

@@ -51,32 +51,63 @@ try:  # glibc only; elsewhere (musl, macOS, Windows) these are no-ops
 except (AttributeError, OSError):
     _malloc_trim = _mallopt = None
 
-M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # mallopt parameters (glibc's malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # mallopt (glibc's malloc.h)
+MMAP_THRESHOLD = 32 * MB  # glibc's largest: only blocks above it get their own mapping
+TRIM_THRESHOLD = 64 * MB  # free() leaves the heap's top alone: trim_memory() returns it
 
 
 def trim_memory() -> None:
     """glibc keeps the memory that Python and torch free in its arenas, so a server's RSS
     stays at its peak after the sessions that made it are gone; malloc_trim returns it
-    (measured after 200 sessions expired: +42 % without, +2 % with; tests/test_concurrency)."""
+    (measured after 200 sessions expired: +42 % without, +2 % with; tests/test_concurrency):
+    the heap's top, and every free page inside it, in every arena."""
     if _malloc_trim is not None:
         _malloc_trim(0)
 
 
-def tune_allocator(arenas: int = 2, mmap_threshold: int = 256 * 1024) -> None:
-    """Call once, before the server's threads start. Two settings that cut a session's
-    RSS beyond its tensors (measured in benchmarks/bench_soak.py --per-session):
+_heap_used = threading.Event()
+
+
+def note_heap_use() -> None:
+    """A request ran (it may have left freed blocks in the heap): the next
+    ``trim_if_used`` returns them. Cheap: called at the end of every request."""
+    _heap_used.set()
+
+
+def trim_if_used() -> None:
+    """trim_memory() if any request ran since the last call (the session sweep calls this
+    every second)."""
+    if _heap_used.is_set():
+        _heap_used.clear()
+        trim_memory()
+
+
+def tune_allocator(
+    arenas: int = 2, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
+) -> None:
+    """Call once, before the server's threads start. Settings that keep a session's RSS
+    near its tensors (benchmarks/bench_soak.py --per-session) without slowing the model
+    calls (benchmarks/bench_score.py --allocator):
 
     - glibc gives each thread that allocates its own arena (up to 8 per core); every
       Gradio worker thread that ran a model call keeps freed memory in its own arena.
       Two arenas are enough for one-thread model calls.
-    - glibc raises its mmap threshold (up to 32 MB) every time a large block is freed, so
-      after a few sessions a KV buffer or a prompt's attention scores come from the heap,
-      where they fragment it and stay. A fixed threshold keeps every block above it in
-      its own mapping, returned to the OS the moment it is freed.
+    - Blocks are served from the heap, where a freed block is reused by the next model
+      call: a fixed mmap threshold of 256 KB (the first design) gave every larger
+      activation its own mapping, mapped, faulted in page by page and unmapped again in
+      every forward pass: 10-40 % of a segment's time. glibc's default raises its
+      threshold as blocks are freed, so that the first sessions' buffers are mapped and
+      later ones are not: fixed at 32 MB it is the same for every session.
+    - What the heap holds beyond the live tensors is handed back by trim_memory(): free
+      pages anywhere in the heap, not only at its top. free() does not trim (the
+      threshold is high: trimming there costs page faults in the next call); the session
+      sweep trims once a second after any request (``note_heap_use``/``trim_if_used``),
+      and right after sessions expire or are offloaded.
     """
     if _mallopt is not None:
         _mallopt(M_ARENA_MAX, arenas)
         _mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+        _mallopt(M_TRIM_THRESHOLD, trim_threshold)
 
 
 # ---- defaults from the machine -----------------------------------------------------

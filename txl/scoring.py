@@ -75,6 +75,27 @@ def window_batch_size(model: TransformerXL, window: int, budget_bytes: int = 256
     return max(1, budget_bytes // per_window)
 
 
+# Windows per forward call of the app's sliding window, chosen by measurement
+# (benchmarks/bench_score.py --sliding-batches; the bundled model, window 64, 2-core
+# machine): 16 was the fastest with 1 and 2 threads (10.0 / 6.6 ms per character against
+# 11.6 / 7.4 with 4 and 10.8 / 6.6 with 64; window_batch_size's 341 was slower still: its
+# activations do not stay in cache). Small batches are also what lets a long Score pause
+# for other visitors' Steps between them (txl/longwork.py).
+SLIDING_BATCH = 16
+
+
+def sliding_chunks(n_tokens: int, window: int, batch_size: int = SLIDING_BATCH):
+    """(start, stop) ranges of token positions that cover 1 .. n_tokens-1 for sliding_nll
+    in pieces: the tokens with fewer than ``window`` before them (one forward), then
+    ``batch_size`` full windows at a time. Scoring them in turn gives the same values as
+    one call over everything."""
+    short_stop = min(window, n_tokens)
+    if short_stop > 1:
+        yield 1, short_stop
+    for a in range(max(1, window), n_tokens, batch_size):
+        yield a, min(a + batch_size, n_tokens)
+
+
 @torch.no_grad()
 def sliding_nll(
     model: TransformerXL,

@@ -29,11 +29,14 @@ from .budget import (
     MemoryBudget,
     default_budget_bytes,
     growth_bytes,
+    note_heap_use,
+    trim_if_used,
     trim_memory,  # the sweep's; it lives with the allocator settings now
     tune_allocator,
 )
 from .config import TXLConfig
 from .hub import CONFIG_NAME, TXLLoadError
+from .longwork import JobCancelled, Traffic
 from .model import TransformerXL
 from .session import (
     Session,
@@ -50,6 +53,9 @@ MAX_MEM_LEN = 2048
 MAX_PROMPT_CHARS = 20_000
 MAX_TEXT_CHARS = 100_000  # a session's text: Continue and Step stop here (Reset starts over)
 HISTORY_STEPS = 256  # steps whose attention a session keeps for the history slider
+MAX_SCORE_CHARS = 20_000
+MAX_SLIDING_CHARS = 5_000  # the score's sliding window runs the model once per character
+SCORE_STREAM_EVERY_S = 0.25  # the sliding window's progress is sent at most this often
 MODEL_CACHE_SIZE = 3  # models kept loaded besides those that live sessions still use
 
 
@@ -246,6 +252,8 @@ class Sessions:
         if self._freed or dropped:
             self._freed = False
             trim_memory()
+        else:  # what the requests of the last second freed goes back to the OS
+            trim_if_used()
         return released
 
 
@@ -363,6 +371,8 @@ class Server:
         # Every session's memory together, within TXL_MEMORY_BUDGET_MB (idle ones to disk).
         self.budget = budget or MemoryBudget(default_budget_bytes())
         self.sessions = Sessions(env_int("TXL_SESSION_TTL", 3600), on_release=self.budget.release)
+        # Short requests in flight and the long jobs (Score) beside them: txl/longwork.py.
+        self.traffic = Traffic()
         self.load_notice = None  # why the app serves the bundled model instead of TXL_MODEL
         try:  # load it now, so that the first visitor does not wait
             self.default_model = self.cache.get(self.default_source)
@@ -435,8 +445,9 @@ class Server:
         the server's memory budget for what it may hold with ``mem_len`` (as sent; the
         session's when None or invalid) after ``steps`` steps, its memory read back
         first if it was on disk (``state.restored_s`` says how long that took).
-        ``grows=False``: the request adds no memory (a redraw, a reset)."""
-        with user_errors(state):
+        ``grows=False``: the request adds no memory (a redraw, a reset). It counts as a
+        short request: long jobs (Score) slow down while it runs (txl/longwork.py)."""
+        with self.traffic.short(), user_errors(state):
             s = state.session
             try:
                 mem_len = min(as_int("mem_len", mem_len, 0, MAX_MEM_LEN), self.mem_cap(s.model))
@@ -447,9 +458,111 @@ class Server:
             except (TypeError, ValueError, OverflowError):
                 steps = s.history_steps
             growth = growth_bytes(s, mem_len, steps) if grows else 0
-            with self.budget.use(s, state.lock, growth) as restored_s:
-                state.restored_s = restored_s
-                yield
+            try:
+                with self.budget.use(s, state.lock, growth) as restored_s:
+                    state.restored_s = restored_s
+                    yield
+            finally:
+                note_heap_use()  # the sweep trims the heap within a second
+
+    # -- the score: long work, streamed --
+
+    def score_check(self, text, state: UserState | None) -> None:
+        """Refuse a text the score cannot use, with a message that says why (the page runs
+        this first, so that a refused text leaves the charts as they were)."""
+        text = text or ""
+        if len(text) > MAX_SCORE_CHARS:
+            raise gr.Error(
+                f"The text is {len(text):,} characters; the limit is {MAX_SCORE_CHARS:,}."
+            )
+        model = state.model if state is not None and not state.expired else self.default_model
+        if model is None:
+            raise gr.Error(f"No model is loaded ({self.load_error}). Load one above.")
+        unknown = "replace" if model.tokenizer.unk_symbol is not None else "ignore"  # as Session
+        if len(model.tokenizer.encode(text, errors=unknown)) < 2:
+            raise gr.Error("Nothing to score: paste at least two characters the model knows.")
+
+    def score_click(self, text, state: UserState | None) -> None:
+        """The page's Score button, before ``score``: check the text, then stop this
+        session's running Score at once (not when the new one gets its turn in the queue)."""
+        self.score_check(text, state)
+        if state is not None:
+            self.traffic.cancel(state)
+
+    def score(self, text, mem_len, state):
+        """The text read three ways (segments alone, a sliding window of the segment
+        length, memory) and with memories of 0 to 1,024, in stages as they are ready:
+        memory and segments alone (curves, bpc, times, words) first, then the
+        memory-length sweep, then the sliding window's progress and, at the end, all five
+        outputs complete. A generator: Gradio streams each stage, gradio_client's
+        ``predict`` returns the last. The work runs as a long job (txl/longwork.py): two
+        threads when the cores are free and two pay, paused for other visitors' Steps,
+        cancelled by this session's next Score or when the visitor leaves."""
+        state = self.ensure(state)
+        self.score_check(text, state)
+        text = text or ""
+        with user_errors():
+            mem_len = min(as_int("mem_len", mem_len, 0, MAX_MEM_LEN), self.mem_cap(state.model))
+            scorer = Session(state.model, mem_len=mem_len)  # the user's text stays untouched
+        sliding = len(text) <= MAX_SLIDING_CHARS
+        unit, seg_len = scorer.tokenizer.unit, scorer.seg_len
+        job = self.traffic.start_job(owner=state)
+        sent = 0.0
+        try:
+            for stage in scorer.score_stages(text, sliding=sliding, pace=job.turn):
+                result, sweep = stage.result, stage.sweep
+                summary = viz.score_markdown(result, seg_len, mem_len, unit=unit)
+                if stage.kind == "done":
+                    if not sliding:
+                        summary += (
+                            f"\n\n(The sliding window is computed for texts of up to "
+                            f"{MAX_SLIDING_CHARS:,} characters: it runs the model once per "
+                            "character.)"
+                        )
+                    yield (
+                        viz.surprisal_figure_from_result(result),
+                        summary,
+                        viz.score_numbers(result, sweep),
+                        viz.context_figure(sweep, unit=unit, sliding_bpc=result.bpc_sliding),
+                        viz.context_markdown(sweep, unit=unit),
+                        state,
+                    )
+                    return
+                if sliding:
+                    summary += "\n\n" + viz.sliding_progress_markdown(
+                        stage.done, stage.total, stage.seconds_left, seg_len, unit
+                    )
+                skip = gr.skip()
+                if stage.kind == "reads":
+                    sent = time.monotonic()
+                    yield (
+                        viz.surprisal_figure_from_result(result),
+                        summary,
+                        viz.score_numbers(result),
+                        skip,
+                        viz.SWEEP_PENDING,
+                        state,
+                    )
+                elif stage.kind == "sweep":
+                    sent = time.monotonic()
+                    yield (
+                        skip,
+                        summary,
+                        viz.score_numbers(result, sweep),
+                        viz.context_figure(sweep, unit=unit),
+                        viz.context_markdown(sweep, unit=unit),
+                        state,
+                    )
+                elif time.monotonic() - sent >= SCORE_STREAM_EVERY_S:  # sliding progress
+                    sent = time.monotonic()
+                    yield skip, summary, skip, skip, skip, state
+        except JobCancelled:
+            # This session's next Score replaced this one: leave the page to it (Gradio
+            # repeats the last yield when a generator ends).
+            yield (gr.skip(),) * 5 + (state,)
+        finally:
+            job.close()
+            note_heap_use()
 
     @staticmethod
     def restore_note(state: UserState) -> str:

@@ -35,6 +35,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -45,9 +46,12 @@ from .model import KVMemory, TransformerXL
 from .sampling import sample_next
 from .scoring import (
     CONTEXT_SWEEP_LENGTHS,
+    SLIDING_BATCH,
     ContextSweep,
     context_sweep,
+    effective_context,
     mean_or_nan,
+    sliding_chunks,
     sliding_nll,
     stream_nll,
 )
@@ -94,6 +98,20 @@ class ScoreResult:
     seconds_with: float = math.nan
     seconds_without: float = math.nan
     seconds_sliding: float = math.nan
+
+
+@dataclass
+class ScoreStage:
+    """One stage of ``Session.score_stages``: which (``kind``), the ScoreResult so far (its
+    sliding window filled in at "done"), the memory-length sweep once computed, and
+    during the sliding window its progress: tokens done of ``total``, seconds left."""
+
+    kind: str  # "reads", "sweep", "sliding" or "done"
+    result: ScoreResult
+    sweep: ContextSweep | None = None
+    done: int = 0
+    total: int = 0
+    seconds_left: float = math.nan
 
 
 # ---- validation: every setting is checked before anything changes -----------------------
@@ -476,47 +494,109 @@ class Session:
         in segments of seg_len with mem_len positions of memory; the same segments each
         read alone; and (``sliding``) a sliding window of seg_len chars recomputed for every
         char (seg_len times the work of the others). Each way is timed.
-        The session's own text and memory are not touched."""
+        The session's own text and memory are not touched. (``score_stages`` gives the
+        same result in stages, the slow sliding window last.)"""
+        *_, last = self.score_stages(text, sliding=sliding, sweep=False)
+        return last.result
+
+    def score_stages(
+        self,
+        text: str,
+        sliding: bool = True,
+        sweep: bool = True,
+        pace=None,
+        mem_lens=CONTEXT_SWEEP_LENGTHS,
+        tolerance: float = 0.01,
+    ) -> Iterator[ScoreStage]:
+        """``score`` (and ``context_sweep``) in stages, fastest first, for a page that shows
+        each as it comes: "reads" (memory and segments alone: a ScoreResult without the
+        sliding window), "sweep" (the memory-length sweep; ``sweep=False`` skips it),
+        "sliding" after every chunk of the sliding window (characters done, total, seconds
+        left), and "done" (the whole ScoreResult). ``pace``: a context-manager factory
+        around each chunk of work (txl.longwork's ``job.turn``: threads, pauses, cancel);
+        the sliding window's chunks, all alike, pass ``work=`` their windows.
+        The sweep reuses the two reads for memory 0 and mem_len: the same computation."""
+        pace = pace or (lambda work=None: nullcontext())
         ids, unknown = self.encode(text)
         ids = torch.tensor(ids, dtype=torch.long)  # [L]
         streams = ids.view(1, -1)  # [1, L]: one stream
-
-        if len(ids) > 1:  # warm up (threads, the position table): else the first way timed
-            stream_nll(self.model, streams[:, : self._seg_len + 1], self._seg_len, 0)  # pays
+        seg_len, mem_len = self._seg_len, self._mem_len
 
         def timed(fn):
             t0 = time.perf_counter()
-            bits = fn() / LN2
-            return bits, time.perf_counter() - t0
+            nats = fn()
+            return nats / LN2, time.perf_counter() - t0
 
-        with_memory, s_with = timed(
-            lambda: stream_nll(self.model, streams, self._seg_len, self._mem_len)[0]
-        )
-        without, s_without = timed(lambda: stream_nll(self.model, streams, self._seg_len, 0)[0])
-        bits_sliding, s_sliding = None, math.nan
-        if sliding:
-            bits_sliding, s_sliding = timed(
-                lambda: (
-                    sliding_nll(self.model, ids, self._seg_len) if len(ids) > 1 else torch.zeros(0)
-                )
+        with pace():
+            if len(ids) > 1:  # warm up (threads, the position table): else the first way
+                stream_nll(self.model, streams[:, : seg_len + 1], seg_len, 0)  # timed pays
+            with_memory, s_with = timed(
+                lambda: stream_nll(self.model, streams, seg_len, mem_len)[0]
             )
-
-        return ScoreResult(
+        with pace():
+            without, s_without = timed(lambda: stream_nll(self.model, streams, seg_len, 0)[0])
+        result = ScoreResult(
             chars=self.tokenizer.pieces(ids.tolist())[1:],
             bits_with=with_memory.numpy(),
             bits_without=without.numpy(),
             bpc_with=mean_or_nan(with_memory),
             bpc_without=mean_or_nan(without),
             dropped=unknown,
-            bits_sliding=None if bits_sliding is None else bits_sliding.numpy(),
-            bpc_sliding=math.nan if bits_sliding is None else mean_or_nan(bits_sliding),
-            window=self._seg_len,
-            seg_len=self._seg_len,
-            mem_len=self._mem_len,
+            window=seg_len,
+            seg_len=seg_len,
+            mem_len=mem_len,
             seconds_with=s_with,
             seconds_without=s_without,
-            seconds_sliding=s_sliding,
         )
+        total = max(len(ids) - 1, 0) if sliding else 0  # the sliding window's tokens
+        yield ScoreStage("reads", result, total=total)
+
+        swept = None
+        if sweep:
+            lengths = sorted({_as_int("mem_len", n, 0) for n in mem_lens})
+            known = {0: (result.bpc_without, s_without), mem_len: (result.bpc_with, s_with)}
+            bpc, seconds = [], []
+            for n in lengths:
+                if n not in known:
+                    with pace():
+                        bits, took = timed(
+                            lambda n=n: stream_nll(self.model, streams, seg_len, n)[0]
+                        )
+                    known[n] = (mean_or_nan(bits), took)
+                bpc.append(known[n][0])
+                seconds.append(known[n][1])
+            swept = ContextSweep(
+                mem_lens=lengths,
+                bpc=bpc,
+                seconds=seconds,
+                seg_len=seg_len,
+                effective=effective_context(lengths, bpc, tolerance),
+                tolerance=tolerance,
+            )
+            yield ScoreStage("sweep", result, swept, total=total)
+
+        if sliding:
+            parts, s_sliding = [], 0.0
+            for start, stop in sliding_chunks(len(ids), seg_len, SLIDING_BATCH):
+                with pace(work=stop - start):
+                    bits, took = timed(
+                        lambda a=start, b=stop: sliding_nll(
+                            self.model, ids, seg_len, a, b, batch_size=SLIDING_BATCH
+                        )
+                    )
+                parts.append(bits)
+                s_sliding += took
+                done = stop - 1
+                left = s_sliding / done * (total - done)
+                yield ScoreStage("sliding", result, swept, done, total, left)
+            bits_sliding = torch.cat(parts) if parts else torch.zeros(0)
+            result = replace(  # a new result: the earlier stages' stays as it was
+                result,
+                bits_sliding=bits_sliding.numpy(),
+                bpc_sliding=mean_or_nan(bits_sliding),
+                seconds_sliding=s_sliding,
+            )
+        yield ScoreStage("done", result, swept)
 
     def context_sweep(
         self,

@@ -523,6 +523,25 @@ def score_markdown(result, seg_len: int, mem_len: int, unit: str = "character") 
     return text
 
 
+def sliding_progress_markdown(
+    done: int, total: int, seconds_left: float, window: int, unit: str = "character"
+) -> str:
+    """The sliding window's progress while a Score streams: a bar, the {unit}s done of
+    ``total``, and the time left (unknown before the first chunk)."""
+    head = f"⏳ **The sliding window of {window}**, recomputed for every {unit}: "
+    if done <= 0:
+        return head + f"starting ({total:,} {unit}s, one forward pass each)."
+    left = f", about {_seconds(seconds_left).strip(' ()')} left" if seconds_left > 0 else ""
+    return (
+        head + f"{done:,} of {total:,} {unit}s{left}.\n\n"
+        f'<progress value="{done}" max="{max(total, 1)}" style="width: 100%"></progress>'
+    )
+
+
+# Shown under the sweep's chart while the sweep runs (the chart keeps the last text's).
+SWEEP_PENDING = "⏳ **How far back does it read?** Scoring the text with memories of 0 to 1,024…"
+
+
 # ---- plain data ----------------------------------------------------------------------
 
 
