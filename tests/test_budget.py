@@ -253,7 +253,7 @@ def settings(seed: int) -> list:
 
 
 def step(txl_app, state, seed: int):
-    *_, status_out, attention, _, _, state = txl_app.step(
+    _, _, status_out, attention, *_, state = txl_app.step(
         PROMPT[: 30 + seed], *settings(seed), None, None, state
     )
     return state, status_out
