@@ -676,8 +676,11 @@ Rows are layers (or the heads of one layer), columns the keys in text order: \
 generation the current segment is the new token itself); the bar on the right is each \
 row's share of attention on memory. Beyond 160 keys, columns sum buckets of neighbouring \
 keys. Hover a cell, or a character of the text, for its weight and distance; **⤓ PNG** \
-saves the view. **Play** steps on by itself until you click it again; the **step \
-history** slider shows any of the last 256 steps over the text as it was then.
+saves the view. Under it, the **next-character prediction with memory and without** (the \
+same model on only the last segment): the sampled character is outlined, and \
+*shade by: memory's effect* colours the text by the bits memory saved on each character. \
+**Play** steps on by itself until you click it again; the **step history** slider shows \
+any of the last 256 steps over the text as it was then.
 """
 
 CSS = (
