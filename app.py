@@ -90,6 +90,10 @@ ATTENTION_TEMPLATE = (
     f'<div class="txl-empty">{EMPTY_HEATMAP}</div>'
     '<canvas></canvas><div class="txl-tip"></div></div>'
 )
+PREDICTIONS_TEMPLATE = (
+    '<div class="txl-pred"><div class="txl-empty">Step or Generate to see the next-token '
+    'prediction with and without memory.</div><div class="txl-pred-body"></div></div>'
+)
 TEXT_TEMPLATE = (
     '<div class="txl-textview"><div class="txl-legend"></div><div class="txl-text"></div>'
     '<div class="txl-tip"></div></div>'
@@ -116,8 +120,12 @@ class TXLApp(Server):
         layer, head = self.view_choice(s, layer, head)
         unit = s.tokenizer.unit
         shaded = t if fresh and t.attentions is not None else None
-        view = viz.text_view(s.pieces, roles, shaded, layer, head, info["memory"], unit=unit)
-        status = viz.status_markdown(info, n, t.latency_ms if fresh else None, unit=unit)
+        effect = s.memory_effect
+        view = viz.text_view(
+            s.pieces, roles, shaded, layer, head, info["memory"], unit=unit, effect=effect
+        )
+        latency = t.latency_ms if fresh else None
+        status = viz.status_markdown(info, n, latency, unit=unit, saved=effect.bits_saved())
         return s.text, view, status
 
     @staticmethod
@@ -134,14 +142,22 @@ class TXLApp(Server):
         view = viz.attention_view(t, s.pieces, layer, head, HEATMAP_COLUMNS, s.tokenizer.unit)
         return view, viz.step_summary(t, s.memory_info(), far=s.seg_len)
 
+    @staticmethod
+    def predictions_view(s: Session, t=None, history=None) -> dict | None:
+        """The bars' data (txl/web/predictions.js): step ``t``'s prediction with and
+        without memory (the last step when None)."""
+        t = s.last_trace if t is None else t
+        return viz.predictions_view(t, s.seg_len, s.tokenizer.unit, history)
+
     def all_views(self, state: UserState, layer, head, started: float | None = None):
         text, text_view, status = self.text_views(state.session, layer, head)
         status += self.restore_note(state)
         attention, summary = self.attention_views(state, layer, head)
+        predictions = self.predictions_view(state.session)
         if summary is not None and started is not None:
             summary["handler_ms"] = round((time.perf_counter() - started) * 1e3, 2)
         # The history slider goes back to the newest step.
-        return text, text_view, status, attention, 0, summary, state
+        return text, text_view, status, attention, 0, summary, predictions, state
 
     def past_views(self, state: UserState, back: int, layer, head) -> tuple[dict, dict | None]:
         """(text view, attention view) of the step ``back`` steps ago, the text as it was."""
@@ -154,7 +170,9 @@ class TXLApp(Server):
         pieces, n = s.pieces[: t.position + 1], t.position + 1
         roles = viz.roles_from_trace(n, t)
         unit = s.tokenizer.unit
-        text_view = viz.text_view(pieces, roles, t, layer, head, t.memory, unit=unit)
+        text_view = viz.text_view(
+            pieces, roles, t, layer, head, t.memory, unit=unit, effect=s.memory_effect
+        )
         steps_back = min(back, len(s.history) - 1)  # past_trace clamps the same way
         attention = viz.attention_view(
             t, pieces, layer, head, HEATMAP_COLUMNS, unit, history=(steps_back, len(s.history))
@@ -195,8 +213,9 @@ class TXLApp(Server):
                 if i < n - 1 and time.perf_counter() - last > STREAM_EVERY_S:
                     last = time.perf_counter()
                     text, text_view, status = self.text_views(s, layer, head)
-                    attention, _ = self.attention_views(state, layer, head)
-                    yield text, text_view, status, attention, 0, gr.skip(), state
+                    attention, summary = self.attention_views(state, layer, head)
+                    predictions = self.predictions_view(s)
+                    yield text, text_view, status, attention, 0, summary, predictions, state
             started = time.perf_counter()
             yield self.all_views(state, layer, head, started)
 
@@ -300,10 +319,20 @@ class TXLApp(Server):
         """Layer or head changed, or the history slider moved: both views again, of the
         step the slider shows (0: the newest; -k: k steps back)."""
         if state is None or state.expired:
-            return gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         with self.using(state, grows=False):  # the history may be on disk
             back = -as_int("history", back, -HISTORY_STEPS, 0)
-            return self.past_views(state, back, layer, head)
+            return *self.past_views(state, back, layer, head), *self.past_step(state, back)
+
+    def past_step(self, state: UserState, back: int) -> tuple[dict | None, dict | None]:
+        """(step summary, predictions view) of the step ``back`` steps ago."""
+        s = state.session
+        t = s.last_trace if back == 0 and s.last_trace is not None else s.past_trace(back)
+        if t is None:
+            return None, None
+        history = None if t is s.last_trace else (min(back, len(s.history) - 1), len(s.history))
+        summary = viz.step_summary(t, far=s.seg_len)
+        return summary, self.predictions_view(s, t, history)
 
     def export(self, state):
         """The last step's attention as a JSON file."""
@@ -433,6 +462,14 @@ class TXLApp(Server):
                     label="Attention of the newest token",
                     elem_id="attention",
                 )
+                ui["predictions"] = gr.HTML(
+                    None,
+                    html_template=PREDICTIONS_TEMPLATE,
+                    js_on_load="TXL.mountPredictions(element, props, watch)",
+                    head=VIEWS_HEAD,
+                    label="Next-token prediction with and without memory",
+                    elem_id="predictions",
+                )
                 ui["history"] = gr.Slider(
                     -(HISTORY_STEPS - 1),
                     0,
@@ -457,6 +494,7 @@ class TXLApp(Server):
         view = [ui["layer"], ui["head"]]
         views = [ui[k] for k in ("text_out", "text_html", "status", "attention", "history")]
         views.append(ui["summary"])
+        views.append(ui["predictions"])  # a new output goes here: the state stays last
         views.append(state)
         gen_inputs = [ui["prompt"], ui["n_tokens"], *settings, *view, state]
         model = dict(concurrency_id="model")  # Generate, Continue and Step share a limit
@@ -509,7 +547,7 @@ class TXLApp(Server):
             event(
                 self.redraw,
                 redraw,
-                [ui["text_html"], ui["attention"]],
+                [ui["text_html"], ui["attention"], ui["summary"], ui["predictions"]],
                 trigger_mode="always_last",
                 show_progress="hidden",
                 **private,
@@ -567,8 +605,11 @@ Rows are layers (or the heads of one layer), columns the keys in text order: \
 generation the current segment is the new token itself); the bar on the right is each \
 row's share of attention on memory. Beyond 160 keys, columns sum buckets of neighbouring \
 keys. Hover a cell, or a character of the text, for its weight and distance; **⤓ PNG** \
-saves the view. **Play** steps on by itself until you click it again; the **step \
-history** slider shows any of the last 256 steps over the text as it was then.
+saves the view. Under it, the **next-character prediction with memory and without** (the \
+same model on only the last segment): the sampled character is outlined, and \
+*shade by: memory's effect* colours the text by the bits memory saved on each character. \
+**Play** steps on by itself until you click it again; the **step history** slider shows \
+any of the last 256 steps over the text as it was then.
 """
 
 CSS = (

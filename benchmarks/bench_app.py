@@ -12,6 +12,7 @@ browser gets them. Reported per Step:
     python benchmarks/bench_app.py --url http://127.0.0.1:7860/   # an app already running
     python benchmarks/bench_app.py --model tiny --steps 30 --check  # tests/test_concurrency.py
     python benchmarks/bench_app.py --app-dir ../wt-before   # another checkout's app.py
+    python benchmarks/bench_app.py --steps 30 --baseline-dir ../wt-before  # both, one run
 
 Without --url the app is started as a subprocess (python app.py) on a free port, with
 --model (default: weights/shakespeare-char when present, else a random model of the same
@@ -192,6 +193,75 @@ def run_session(
 RESULTS = ("server", "round_trip", "model", "keys")
 
 
+def measure(url: str, args) -> dict:
+    """args.clients sessions Stepping at once against the app at url: the report."""
+    alone: dict[int, list[str]] = {}
+    if args.check:  # every session by itself first: the texts to expect under load
+        for i in range(args.clients):
+            run_session(url, args.steps, args.fill, i, {k: [] for k in RESULTS}, None, alone)
+    results = {k: [] for k in RESULTS}
+    texts: dict[int, list[str]] = {}
+    stepping = []  # when the sessions start Stepping (their Generate done): the barrier
+    barrier = threading.Barrier(args.clients, action=lambda: stepping.append(time.perf_counter()))
+    threads = [
+        threading.Thread(
+            target=run_session, args=(url, args.steps, args.fill, i, results, barrier, texts)
+        )
+        for i in range(args.clients)
+    ]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    end = time.perf_counter()
+    n = len(results["server"])
+    if n != args.clients * args.steps:
+        raise SystemExit(f"only {n} of {args.clients * args.steps} steps completed")
+    report = {
+        "clients": args.clients,
+        "steps": n,
+        "wall_s": round(end - t0, 2),
+        # Steps served per second while all sessions Step (after their Generate).
+        "steps_per_s": round(n / (end - stepping[0]), 2),
+        "keys_per_step": statistics.median(results["keys"]),
+    }
+    for name in ("server", "round_trip", "model"):
+        values = results[name]
+        report[name] = {
+            "p50_ms": round(percentile(values, 50), 1),
+            "p95_ms": round(percentile(values, 95), 1),
+            "max_ms": round(max(values), 1),
+        }
+    if args.check:
+        same = sum(texts.get(i) == alone.get(i) for i in range(args.clients))
+        report["sessions_identical_to_alone"] = same
+    return report
+
+
+def print_report(label: str, report: dict, args) -> None:
+    print(
+        f"{label}: {report['clients']} sessions x {args.steps} Steps "
+        f"({report['keys_per_step']:.0f} keys each), {report['wall_s']:.1f} s wall, "
+        f"{report['steps_per_s']:.1f} Steps/s served"
+    )
+    for name, title in (
+        ("server", "server (handler)"),
+        ("round_trip", "round trip"),
+        ("model", "model call"),
+    ):
+        r = report[name]
+        print(
+            f"  {title:17s} p50 {r['p50_ms']:7.1f} ms   p95 {r['p95_ms']:7.1f} ms"
+            f"   max {r['max_ms']:7.1f} ms"
+        )
+    ok = report["server"]["p95_ms"] <= GOAL_P95_MS
+    print(f"  goal: server p95 <= {GOAL_P95_MS:.0f} ms: {'met' if ok else 'NOT met'}")
+    if "sessions_identical_to_alone" in report:
+        same = report["sessions_identical_to_alone"]
+        print(f"  isolation: {same}/{args.clients} sessions identical to the same session alone")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=16)
@@ -203,6 +273,11 @@ def main() -> None:
     parser.add_argument(
         "--app-dir", type=Path, default=ROOT, help="the checkout whose app.py is started"
     )
+    parser.add_argument(
+        "--baseline-dir",
+        type=Path,
+        help="another checkout, measured in the same run right after --app-dir's app",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
         "--check",
@@ -211,10 +286,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    proc, tmp = None, None
-    url = args.url
-    if url is None:
-        model = args.model
+    tmp = None
+    model = args.model
+    if args.url is None:
         if model is None and (BUNDLED / "model.safetensors").exists():
             model = str(BUNDLED)
         if model is None or model == "tiny":
@@ -224,74 +298,44 @@ def main() -> None:
             else:
                 model = random_model(Path(tmp.name) / "random")
                 print(f"no trained weights: a random model of the same shape ({model})")
-        proc, url = start_app(model, args.concurrency, args.app_dir.resolve())
-        print(f"app of {args.app_dir} started at {url} with {model}")
+    apps = [("after" if args.baseline_dir else "app", args.app_dir)]
+    if args.baseline_dir:
+        apps.append(("before", args.baseline_dir))
+    load_before = os.getloadavg()
+    reports = {}
     try:
-        alone: dict[int, list[str]] = {}
-        if args.check:  # every session by itself first: the texts to expect under load
-            for i in range(args.clients):
-                run_session(url, args.steps, args.fill, i, {k: [] for k in RESULTS}, None, alone)
-        results = {k: [] for k in RESULTS}
-        texts: dict[int, list[str]] = {}
-        barrier = threading.Barrier(args.clients)
-        threads = [
-            threading.Thread(
-                target=run_session, args=(url, args.steps, args.fill, i, results, barrier, texts)
-            )
-            for i in range(args.clients)
-        ]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
+        for label, app_dir in apps:
+            proc, url = None, args.url
+            if url is None:
+                proc, url = start_app(model, args.concurrency, app_dir.resolve())
+                print(f"{label}: app of {app_dir} started at {url} with {model}", flush=True)
+            try:
+                reports[label] = measure(url, args)
+            finally:
+                if proc is not None:
+                    stop_app(proc)
     finally:
-        if proc is not None:
-            stop_app(proc)
         if tmp is not None:
             tmp.cleanup()
-
-    n = len(results["server"])
-    if n != args.clients * args.steps:
-        raise SystemExit(f"only {n} of {args.clients * args.steps} steps completed")
-    report = {
-        "clients": args.clients,
-        "steps": n,
-        "wall_s": round(wall, 2),
-        "keys_per_step": statistics.median(results["keys"]),
-    }
-    for name in ("server", "round_trip", "model"):
-        values = results[name]
-        report[name] = {
-            "p50_ms": round(percentile(values, 50), 1),
-            "p95_ms": round(percentile(values, 95), 1),
-            "max_ms": round(max(values), 1),
-        }
-    print(
-        f"{args.clients} sessions x {args.steps} Steps ({report['keys_per_step']:.0f} keys each), "
-        f"heatmap on, {wall:.1f} s wall"
-    )
-    for name, label in (
-        ("server", "server (handler)"),
-        ("round_trip", "round trip"),
-        ("model", "model call"),
-    ):
-        r = report[name]
+    load_after = os.getloadavg()
+    for label, report in reports.items():
+        print_report(label, report, args)
+    if args.baseline_dir:
+        a, b = reports["after"], reports["before"]
         print(
-            f"  {label:17s} p50 {r['p50_ms']:7.1f} ms   p95 {r['p95_ms']:7.1f} ms"
-            f"   max {r['max_ms']:7.1f} ms"
+            f"before / after: Steps/s {b['steps_per_s'] / a['steps_per_s']:.2f}x, "
+            f"handler p50 {b['server']['p50_ms'] / a['server']['p50_ms']:.2f}x, "
+            f"round trip p95 {b['round_trip']['p95_ms'] / a['round_trip']['p95_ms']:.2f}x"
         )
-    ok = report["server"]["p95_ms"] <= GOAL_P95_MS
-    print(f"  goal: server p95 <= {GOAL_P95_MS:.0f} ms: {'met' if ok else 'NOT met'}")
-    if args.check:
-        same = sum(texts.get(i) == alone.get(i) for i in range(args.clients))
-        report["sessions_identical_to_alone"] = same
-        print(f"  isolation: {same}/{args.clients} sessions identical to the same session alone")
-        if same != args.clients:
-            raise SystemExit("cross-talk: a session's text changed under load")
+    print(f"load average {load_before[0]:.2f} at the start, {load_after[0]:.2f} at the end")
+    for label, report in reports.items():
+        if report.get("sessions_identical_to_alone", args.clients) != args.clients:
+            raise SystemExit(f"{label}: cross-talk: a session's text changed under load")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        out = reports if args.baseline_dir else reports["app"]
+        if args.baseline_dir:
+            out = dict(out, load_average=[round(load_before[0], 2), round(load_after[0], 2)])
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

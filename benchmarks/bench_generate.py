@@ -151,6 +151,9 @@ def session(model: TransformerXL, memory: bool, context: int, text: str | None =
     else:
         s = Session(model, memory=False, seg_len=context, temperature=0)
     s.start((text or random_text(context))[: context - 1 if memory else context])
+    # The cached step alone: not the memory-off counterfactual the app shows beside it
+    # (txl/predictions.py; benchmarks/bench_predictions.py measures that).
+    s.counterfactual = False
     return s
 
 

@@ -216,12 +216,13 @@ def test_memory_off_changes_what_attention_covers(client):
 
 
 def test_step_returns_the_attention_of_the_new_character(client):
-    text, text_view, status, attention, history, summary = step(client)
+    text, text_view, status, attention, history, summary, predictions = step(client)
     assert attention["pos"] == len(text) - 1 == summary["position"] == text_view["pos"]
     assert attention["rows"] == ["layer 0", "layer 1"]  # 'all layers': one row per layer
     assert attention["n_keys"] == summary["n_keys"] == len(attention["first"])
     assert attention["last"][-1] == attention["pos"]  # the newest key is the token itself
     assert history == 0 and "Memory **on**" in status
+    assert predictions["pos"] == summary["position"]  # the bars of the same step
     # the text view: every shown character once, the newest one last, weights on the keys
     positions = [first + i for _, first, piece in text_view["runs"] for i in range(len(piece))]
     assert positions == list(range(text_view["earlier"], len(text)))
@@ -248,8 +249,10 @@ def test_layer_and_head_views(client):
 
 def test_reset_clears_the_views(client):
     generate(client, n_tokens=5)
-    text, text_view, status, attention, history, summary = client.predict(api_name="/reset")
+    out = client.predict(api_name="/reset")
+    text, text_view, status, attention, history, summary, predictions = out
     assert text == "" and attention is None and summary is None and history == 0
+    assert predictions is None and text_view["effect"] is None
     assert text_view["runs"] == [] and text_view["w"] is None
 
 

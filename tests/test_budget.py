@@ -253,7 +253,7 @@ def settings(seed: int) -> list:
 
 
 def step(txl_app, state, seed: int):
-    *_, status_out, attention, _, _, state = txl_app.step(
+    _, _, status_out, attention, *_, state = txl_app.step(
         PROMPT[: 30 + seed], *settings(seed), None, None, state
     )
     return state, status_out
@@ -278,7 +278,7 @@ def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
     c, _ = step(txl_app, None, 2)
     c, _ = step(txl_app, c, 2)  # b, the least recently used, goes to disk
     assert b.session.unloaded
-    text_view, attention = txl_app.redraw(0, None, None, b)  # the history slider
+    text_view, attention, *_ = txl_app.redraw(0, None, None, b)  # the history slider
     assert not b.session.unloaded and attention is not None and b.session.history
     too_small = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(need // 4))
     with pytest.raises(gr.Error, match="whole memory budget"):

@@ -102,7 +102,7 @@ def run_alone(txl_app: app.TXLApp, i: int) -> tuple[list[str], list[tuple]]:
     texts, views = [state.session.text], []
     for k in range(N_STEPS):
         args[0] = memory_at(i, k, p["memory"])
-        *_, attention, _, _, state = txl_app.step(p["prompt"], *args, None, None, state)
+        _, _, _, attention, *_, state = txl_app.step(p["prompt"], *args, None, None, state)
         texts.append(state.session.text)
         views.append(attention_keys(attention))
     return texts, views

@@ -1102,10 +1102,10 @@ def test_a_busy_session_answers_instead_of_waiting_forever(server):
 
 def test_redraw_refuses_bad_history_values_and_keeps_the_views(server):
     _, txl_app = server
-    assert txl_app.redraw(-1, None, None, None) == (gr.skip(), gr.skip())  # no session yet
+    assert txl_app.redraw(-1, None, None, None) == (gr.skip(),) * 4  # no session yet
     state = txl_app.ensure(None)
-    text_view, attention = txl_app.redraw(0, None, None, state)  # nothing stepped yet
-    assert attention is None and text_view["w"] is None
+    text_view, attention, summary, bars = txl_app.redraw(0, None, None, state)  # no step yet
+    assert attention is None and text_view["w"] is None and summary is bars is None
     for _ in range(3):
         txl_app.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
     text = state.session.text
@@ -1114,6 +1114,6 @@ def test_redraw_refuses_bad_history_values_and_keeps_the_views(server):
             txl_app.redraw(back, None, None, state)
     assert state.session.text == text and len(state.session.history) == 3
     # unknown layer or head names fall back to the means; -k is k steps back
-    text_view, attention = txl_app.redraw(-1, "layer 99", "head x", state)
+    text_view, attention, *_ = txl_app.redraw(-1, "layer 99", "head x", state)
     assert attention["rows"] == ["layer 0", "layer 1"] and attention["pos"] == len(text) - 2
     assert text_view["layer"] == "mean over layers"

@@ -187,7 +187,7 @@ def test_the_app_loads_generates_and_shows_attention(hub_files, caches, monkeypa
                                prevent_thread_lock=True, quiet=True, ssr_mode=False)
         try:
             client = new_client(url)
-            text, text_view, status, attention, history, summary = client.predict(
+            text, text_view, status, attention, history, summary, _ = client.predict(
                 prompt="The city", n_tokens=12, memory=True, mem_len=12, temperature=1.0,
                 top_k=0, top_p=1.0, seed=0, api_name="/generate")
         finally:
@@ -196,6 +196,7 @@ def test_the_app_loads_generates_and_shows_attention(hub_files, caches, monkeypa
     assert "words" in txl_app.model_info()
     assert "memory capped at 8 positions per session" in txl_app.model_info()
     assert summary["memory_tokens"] == 8  # asked for 12, capped
+    assert summary["predictions"]["chosen"] == summary["char"].removeprefix(" ")  # a word
     assert summary["n_keys"] >= 2 and attention["n_keys"] == summary["n_keys"]
     assert attention["unit"] == text_view["unit"] == "word"
     assert attention["rows"] == ["layer 0", "layer 1"] and attention["pos"] == summary["position"]

@@ -342,6 +342,49 @@ def _strict_bool(name: str, preprocess):
     return checked
 
 
+# ---- streaming: Gradio's diffs of nested lists ----------------------------------------
+
+
+def streaming_diff(old, new) -> list:
+    """The edits that turn ``old`` into ``new``, as ``gradio.utils.diff`` makes them for a
+    generator's outputs (the client applies them in order), with its bug fixed: a list
+    renumbers its deletes (each shifts the ones after it) but Gradio 6.31 renumbered the
+    deletes of the lists *inside* it too, already renumbered at their own level. So a
+    streamed value whose nested lists lose two or more items (the text view's runs while
+    Generate streams) reached the client as deletes of wrong indices: an IndexError in
+    gradio_client, a garbled view in the page."""
+
+    def compare(a, b, path: list) -> list:
+        if a == b:
+            return []
+        if type(a) is not type(b):
+            return [["replace", path, b]]
+        if isinstance(a, str) and b.startswith(a):
+            return [["append", path, b[len(a) :]]]
+        if isinstance(a, list):
+            common = min(len(a), len(b))
+            edits = [e for i in range(common) for e in compare(a[i], b[i], path + [i])]
+            # Deleting item i shifts the next ones down: the k-th delete is of index common.
+            edits += [["delete", path + [common], None] for _ in range(common, len(a))]
+            edits += [["add", path + [i], b[i]] for i in range(common, len(b))]
+            return edits
+        if isinstance(a, dict):
+            edits = [e for k in a if k in b for e in compare(a[k], b[k], path + [k])]
+            edits += [["delete", path + [k], None] for k in a if k not in b]
+            edits += [["add", path + [k], b[k]] for k in b if k not in a]
+            return edits
+        return [["replace", path, b]]
+
+    return compare(old, new, [])
+
+
+def fix_streaming_diff() -> None:
+    """Make Gradio's streaming use streaming_diff (blocks.py calls ``utils.diff``)."""
+    import gradio.utils
+
+    gradio.utils.diff = streaming_diff
+
+
 # ---- the server: models, sessions, settings ----------------------------------------
 
 
@@ -358,6 +401,7 @@ class Server:
         budget: MemoryBudget | None = None,
     ):
         tune_allocator()  # before the server's threads start: see txl/budget.py
+        fix_streaming_diff()  # Generate streams views with nested lists: see streaming_diff
         self.default_source = resolve_source(default_source or os.environ.get("TXL_MODEL"))
         self.cache = cache or ModelCache(max_params=env_int("TXL_MAX_PARAMS", 400_000_000))
         # Folders the Load box may read models from: the app's own, the default model's,

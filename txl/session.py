@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from .model import KVMemory, TransformerXL
+from .predictions import MemoryEffect, Predictions, predictions, window_logits
 from .sampling import sample_next
 from .scoring import (
     CONTEXT_SWEEP_LENGTHS,
@@ -71,6 +72,9 @@ class StepTrace:
     memory_bytes: int
     latency_ms: float  # wall time of the model call for this step
     memory: bool  # whether memory was on
+    # The next-token distribution this token was drawn from, and (memory on) the memory-off
+    # model's over the last seg_len tokens: txl/predictions.py. None: not computed.
+    predictions: Predictions | None = None
 
 
 @dataclass
@@ -230,6 +234,10 @@ class Session:
         # view of any earlier step; ``history_bytes_limit`` (None: no limit) bounds their
         # bytes too, so that they count in a server's per-session memory cap.
         self.history_steps, self.history_bytes_limit = history, None
+        # Whether a step with memory on also runs the memory-off model on the last seg_len
+        # tokens (one forward over seg_len tokens: ~4x a memory step's cost for the bundled
+        # model) for trace.predictions' counterfactual and the memory_effect record.
+        self.counterfactual = True
         self.generator = torch.Generator(device=self.device)
         self.reset()
 
@@ -356,6 +364,8 @@ class Session:
         self.history: deque[StepTrace] = deque()  # oldest first
         self._history_bytes = 0
         self._unloaded: _Unloaded | None = None  # see unload()
+        # p with and without memory of every token a step produced with memory on
+        self.memory_effect = MemoryEffect()
         self.generator.manual_seed(self._seed)
 
     def start(self, prompt: str) -> list[str]:
@@ -395,6 +405,16 @@ class Session:
             sample_next(self._logits, self._temperature, self._top_k, self._top_p, self.generator)
         )
         position = len(self.ids)
+        # What the token was drawn from, and what a memory-off Step would have drawn it
+        # from: the last seg_len tokens before it, no memory (txl/predictions.py).
+        t_cf = time.perf_counter()
+        without = None
+        if self._memory_on and self.counterfactual:
+            without = window_logits(self.model, self.ids, self._seg_len)
+        predicted = predictions(self._logits, without, token, self._token_text)
+        predicted.counterfactual_ms = (time.perf_counter() - t_cf) * 1e3
+        if without is not None:
+            self.memory_effect.add(position, predicted.p_with, predicted.p_without)
         self._append([token])
 
         t0 = time.perf_counter()
@@ -423,6 +443,7 @@ class Session:
             memory_bytes=self._memory_bytes(),
             latency_ms=latency_ms,
             memory=self._memory_on,
+            predictions=predicted,
         )
         if attentions is not None:
             self._remember(self.last_trace)
@@ -685,6 +706,10 @@ class Session:
     def _memory_bytes(self) -> int:
         """KVMemory.nbytes, by arithmetic: the hot path need not slice 2·n_layer buffers."""
         return len(self.kv) * memory_bytes_per_position(self.model) if self.kv else 0
+
+    def _token_text(self, token: int) -> str:
+        """A token's text on its own (a word without the space before it)."""
+        return self.tokenizer.pieces([token])[0]
 
     def _append(self, ids: list[int]) -> None:
         previous = self.ids[-1] if self.ids else None

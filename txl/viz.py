@@ -114,9 +114,15 @@ def format_bytes(n: int) -> str:
 
 
 def status_markdown(
-    info: dict, n_chars: int, latency_ms: float | None = None, unit: str = "character"
+    info: dict,
+    n_chars: int,
+    latency_ms: float | None = None,
+    unit: str = "character",
+    saved: tuple[float, int] | None = None,
 ) -> str:
-    """One line: memory on/off, tokens in memory, bytes, visible context, last latency."""
+    """One line: memory on/off, tokens in memory, bytes, visible context, last latency;
+    ``saved``: (bits, tokens) memory saved over the tokens produced with memory on
+    (``MemoryEffect.bits_saved``), as a running total."""
     if info["memory"]:
         memory = (
             f"Memory **on** · {info['tokens']}/{info['mem_len']} tokens in memory "
@@ -131,6 +137,12 @@ def status_markdown(
     ]
     if latency_ms is not None:
         parts.append(f"last step {latency_ms:.1f} ms")
+    if saved is not None and saved[1] > 0:
+        bits, k = saved
+        parts.append(
+            f"memory saved **{bits:,.1f} bits** over the last {k:,} {unit}s "
+            f"({bits / k:+.3f} bits/{'char' if unit == 'character' else unit})"
+        )
     return " · ".join(parts)
 
 
@@ -298,6 +310,7 @@ def text_view(
     memory: bool = True,
     max_chars: int = 6000,
     unit: str = "character",
+    effect=None,
 ) -> dict:
     """The text as the browser's text view draws it: runs of equal role, and with a fresh
     ``trace`` (one that captured attention) the newest token's weight on each key, so that
@@ -307,6 +320,11 @@ def text_view(
     carries a list of tokens (one span each), others one string (the browser reads only its
     text, never its length: a word model's string is longer than its token count). Only the last
     ``max_chars`` tokens are sent; ``earlier`` counts the rest.
+
+    ``effect`` (a ``txl.predictions.MemoryEffect``): the second shading mode, memory's
+    effect on each token produced with memory on: ``effect`` in the dict is its
+    ``view(...)`` of the shown tokens; for a word model, runs from its first token on are
+    lists too (a character model's string runs are split by character in the browser).
     """
     if len(roles) != len(text):
         raise ValueError(f"{len(roles)} roles for {len(text)} characters")
@@ -316,6 +334,15 @@ def text_view(
         weights = _rounded(text_weights(trace, layer, head), 5)
     start = max(0, len(text) - max_chars)
     w_end = w0 + len(weights) if weights is not None else w0
+    shading = effect.view(start, len(text)) if effect is not None else None
+    # Tokens the browser may shade one by one: those in the attention window, and (a word
+    # model's: a character model's strings split by character) those from the first one
+    # memory's effect was recorded for.
+    e0 = shading["start"] if shading is not None and unit != "character" else len(text)
+
+    def one_by_one(k: int) -> bool:
+        return (weights is not None and w0 <= k < w_end) or k >= e0
+
     runs, i = [], start
     while i < len(text):
         j = i + 1
@@ -323,11 +350,11 @@ def text_view(
             j < len(text)
             and roles[j] == roles[i]
             and (j < w0 or j >= w_end) == (i < w0 or i >= w_end)
+            and (j < e0) == (i < e0)
         ):
             j += 1
         pieces = text[i:j]
-        weighted = weights is not None and w0 <= i < w_end
-        runs.append([str(roles[i]), i, list(pieces) if weighted else "".join(pieces)])
+        runs.append([str(roles[i]), i, list(pieces) if one_by_one(i) else "".join(pieces)])
         i = j
     return {
         "earlier": start,
@@ -340,6 +367,7 @@ def text_view(
         "layer": "mean over layers" if layer is None else f"layer {layer}",
         "head": "mean over heads" if head is None else f"head {head}",
         "pos": int(trace.position) if trace is not None else -1,
+        "effect": shading,
     }
 
 
@@ -571,7 +599,32 @@ def step_summary(trace, info: dict | None = None, far: int | None = None) -> dic
             out["far_mass_per_layer"] = [round(float(m), 4) for m in far_mass]
     if info is not None:
         out["context"] = int(info["context"])
+    predictions = getattr(trace, "predictions", None)  # txl.predictions.Predictions
+    if predictions is not None:
+        out["predictions"] = predictions.as_dict()
+        out["counterfactual_ms"] = round(float(predictions.counterfactual_ms), 3)
     return out
+
+
+def predictions_view(
+    trace, seg_len: int, unit: str = "character", history: tuple[int, int] | None = None
+) -> dict | None:
+    """The two bar lists' data, as txl/web/predictions.js draws them: the step's
+    prediction with memory and without (``trace.predictions.as_dict()``, the API's
+    summary["predictions"]), the position it was drawn for, whether memory was on, and the
+    memory-off model's window (``seg_len``). None when the step has no predictions.
+    ``history``: (steps back, steps kept), when it shows an earlier step."""
+    predictions = getattr(trace, "predictions", None) if trace is not None else None
+    if predictions is None:
+        return None
+    return {
+        "pos": int(trace.position),
+        "unit": unit,
+        "memory": bool(trace.memory),
+        "window": int(seg_len),
+        "history": list(history) if history else None,
+        **predictions.as_dict(),
+    }
 
 
 def attention_export(trace, text: str | None = None, decimals: int = 6) -> dict:

@@ -178,13 +178,29 @@
   }
 
   // ---- the text, shaded by the newest token's attention ------------------------------
+  //
+  // or, in the second mode ("memory's effect"), each token produced with memory on shaded
+  // by the bits memory saved on it: log2 p_with - log2 p_without, from v.effect (surprisals
+  // in centibits). Blue: memory made the token likelier; red: less likely; white: no change.
+
+  const shade = { mode: "attention" }; // the page's choice, kept across redraws
+  function effectAt(v, i) {
+    const e = v.effect;
+    if (!e || i < e.start || i >= e.start + e.with.length || e.with[i - e.start] == null) return null;
+    const w = e.with[i - e.start], o = e.without[i - e.start];
+    return { bits: (o - w) / 100, pWith: Math.pow(2, -w / 100), pWithout: Math.pow(2, -o / 100) };
+  }
+  function effectColor(bits) {
+    const a = (0.85 * Math.min(1, Math.abs(bits) / 4)).toFixed(3); // saturates at 4 bits
+    return bits >= 0 ? `rgba(37,99,235,${a})` : `rgba(220,38,38,${a})`;
+  }
 
   function mountText(element, props, watch) {
     const root = element.querySelector(".txl-textview");
     const body = root.querySelector(".txl-text");
     const legend = root.querySelector(".txl-legend");
     const tip = root.querySelector(".txl-tip");
-    let v = null;
+    let v = null, toggled = false;
     const esc = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
     function render() {
       v = props.value && typeof props.value === "object" && props.value.runs ? props.value : null;
@@ -196,39 +212,79 @@
         return;
       }
       const roles = v.memory ? ["gone", "memory", "current", "newest"] : ["gone", "current", "newest"];
+      const effect = shade.mode === "effect";
+      root.dataset.shade = shade.mode;
+      const toggle = `<span class="txl-shade">${[["attention", "attention"], ["effect", "memory's effect"]]
+        .map(([m, label]) => `<button type="button" data-shade="${m}"${shade.mode === m ? ' class="txl-on"' : ""}>${label}</button>`).join("")}</span>`;
       legend.innerHTML = roles.map((r) => `<span class="txl-r-${r}">${esc(v.labels[r])}</span>`).join(" ")
-        + (v.w ? ` <span class="txl-heat-key">shade: attention of the newest ${esc(v.unit)} (${esc(v.layer)}, ${esc(v.head)})</span>` : "");
+        + ` shade by ${toggle}`
+        + (effect ? ` <span class="txl-effect-key">memory hurt ← bits saved → memory helped (±4 bits; the prompt is not shaded: it was read, not predicted one by one)</span>`
+          : v.w ? ` <span class="txl-heat-key">shade: attention of the newest ${esc(v.unit)} (${esc(v.layer)}, ${esc(v.head)})</span>` : "");
       const out = [];
       if (v.earlier) out.push(`<span class="txl-r-gone">[… ${v.earlier.toLocaleString()} earlier ${esc(v.unit)}s]\n</span>`);
-      for (const [role, start, text] of v.runs) {
-        if (typeof text === "string") {
-          out.push(`<span class="txl-r-${role}">${esc(text)}</span>`);
+      for (const [role, start, run] of v.runs) {
+        // A string run is one span, unless memory's effect shades its characters: a
+        // character model's string is its tokens (a word model's effect runs are lists).
+        const split = typeof run === "string" && effect && v.effect && v.unit === "character"
+          && start + run.length > v.effect.start;
+        if (typeof run === "string" && !split) {
+          out.push(`<span class="txl-r-${role}">${esc(run)}</span>`);
           continue;
         }
+        const text = split ? Array.from(run) : run;
+        let plain = ""; // tokens with no shade in this mode: one span for all of them
         for (let k = 0; k < text.length; k++) {
-          const i = start + k, w = v.w[i - v.w0];
-          let t = text[k];
+          const i = start + k;
+          let t = text[k], style = "", data = "";
           if (role === "newest" && (t === "\n" || t === " ")) t = t === "\n" ? "↵\n" : "␣";
-          // Background alpha ~ sqrt(weight): the colour scale of the attention view.
-          const shade = role === "newest" ? "" : ` style="background:rgba(124,58,237,${(0.06 + 0.9 * Math.sqrt(w)).toFixed(3)})"`;
-          out.push(`<span class="txl-r-${role} txl-k" data-i="${i}"${shade}>${esc(t)}</span>`);
+          if (effect) {
+            const e = effectAt(v, i);
+            if (e && role !== "newest") style = ` style="background:${effectColor(e.bits)}"`;
+            if (e) data = ` data-bits="${e.bits.toFixed(2)}"`;
+          } else if (v.w && i >= v.w0 && i < v.w0 + v.w.length) {
+            // Background alpha ~ sqrt(weight): the colour scale of the attention view.
+            const w = v.w[i - v.w0];
+            if (role !== "newest") style = ` style="background:rgba(124,58,237,${(0.06 + 0.9 * Math.sqrt(w)).toFixed(3)})"`;
+            data = " data-w";
+          }
+          if (!data && role !== "newest") {
+            plain += t;
+            continue;
+          }
+          if (plain) out.push(`<span class="txl-r-${role}">${esc(plain)}</span>`), (plain = "");
+          out.push(`<span class="txl-r-${role} txl-k" data-i="${i}"${data}${style}>${esc(t)}</span>`);
         }
+        if (plain) out.push(`<span class="txl-r-${role}">${esc(plain)}</span>`);
       }
       body.innerHTML = out.join("");
+      if (toggled) return; // the same step, shaded anew: no new paint for Play to wait on
       if (v.pos >= 0) painted(root, v.pos);
       else delete root.dataset.position;
     }
     body.addEventListener("mouseover", (e) => {
       const span = e.target.closest(".txl-k");
       if (!v || !span) return;
-      const i = Number(span.dataset.i), w = v.w[i - v.w0];
+      const i = Number(span.dataset.i), ef = effectAt(v, i);
       const box = root.getBoundingClientRect(), s = span.getBoundingClientRect();
-      tip.textContent = `'${visible(span.textContent.replace("↵\n", "\n"))}' at ${i} · ${v.pos - i} back · weight ${weight(w)}`;
+      const what = `'${visible(span.textContent.replace("↵\n", "\n"))}' at ${i}`;
+      if (shade.mode === "effect" && ef)
+        tip.textContent = `${what} · p with memory ${ef.pWith.toPrecision(3)}, without ${ef.pWithout.toPrecision(3)} · memory ${ef.bits >= 0 ? "saved" : "cost"} ${Math.abs(ef.bits).toFixed(2)} bits`;
+      else if (v.w && i >= v.w0 && i < v.w0 + v.w.length)
+        tip.textContent = `${what} · ${v.pos - i} back · weight ${weight(v.w[i - v.w0])}`;
+      else return;
       tip.style.display = "block";
       tip.style.left = Math.min(s.left - box.left, box.width - 240) + "px";
       tip.style.top = s.bottom - box.top + root.scrollTop + 4 + "px";
     });
     body.addEventListener("mouseleave", () => (tip.style.display = "none"));
+    legend.addEventListener("click", (e) => {
+      const button = e.target.closest("button[data-shade]");
+      if (!button || button.dataset.shade === shade.mode) return;
+      shade.mode = button.dataset.shade;
+      toggled = true;
+      render();
+      toggled = false;
+    });
     watch("value", render);
     render();
   }
