@@ -41,7 +41,7 @@ import time  # noqa: E402
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-from txl import TXLConfig, viz  # noqa: E402
+from txl import TXLConfig, anatomy_viz, viz  # noqa: E402
 from txl.hub import TXLLoadError  # noqa: E402
 from txl.serve import (  # noqa: E402
     HISTORY_STEPS,
@@ -88,7 +88,7 @@ ATTENTION_TEMPLATE = (
     '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
     'title="Save this view as PNG">⤓ PNG</button></div>'
     f'<div class="txl-empty">{EMPTY_HEATMAP}</div>'
-    '<canvas></canvas><div class="txl-tip"></div></div>'
+    '<canvas></canvas><div class="txl-tip"></div></div><div class="txl-terms"></div>'
 )
 TEXT_TEMPLATE = (
     '<div class="txl-textview"><div class="txl-legend"></div><div class="txl-text"></div>'
@@ -131,8 +131,11 @@ class TXLApp(Server):
         if t is None or t.attentions is None:
             return None, None
         layer, head = self.view_choice(s, layer, head)
-        view = viz.attention_view(t, s.pieces, layer, head, HEATMAP_COLUMNS, s.tokenizer.unit)
-        return view, viz.step_summary(t, s.memory_info(), far=s.seg_len)
+        # One layer and one head chosen: its four score terms, as strips and in the summary.
+        terms = anatomy_viz.step_terms(t, layer, head, s.model.layers[0].attn.scale)
+        unit = s.tokenizer.unit
+        view = viz.attention_view(t, s.pieces, layer, head, HEATMAP_COLUMNS, unit, terms=terms)
+        return view, viz.step_summary(t, s.memory_info(), far=s.seg_len, terms=terms)
 
     def all_views(self, state: UserState, layer, head, started: float | None = None):
         text, text_view, status = self.text_views(state.session, layer, head)
@@ -461,7 +464,9 @@ class TXLApp(Server):
                 ui["attention"] = gr.HTML(
                     None,
                     html_template=ATTENTION_TEMPLATE,
-                    js_on_load="TXL.mountAttention(element, props, watch)",
+                    # txl/web/terms.js: the chosen head's four score terms, under the view
+                    js_on_load="TXL.mountAttention(element, props, watch); "
+                    "TXL.mountTerms(element, props, watch)",
                     head=VIEWS_HEAD,
                     label="Attention of the newest token",
                     elem_id="attention",

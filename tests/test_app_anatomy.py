@@ -1,0 +1,96 @@
+"""The app's views of the inside of the attention, through the API: the four score terms
+of the newest token in /step's summary (and the attention view's strips), and the "Inside
+the attention" tab's /anatomy."""
+
+from __future__ import annotations
+
+import math
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from gradio_client import Client  # noqa: E402
+
+import app  # noqa: E402
+from tests.test_app import MEM_LEN, serve, settings, tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    txl_app = app.TXLApp(tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+    demo, url = serve(txl_app)
+    yield url, txl_app
+    demo.close()
+
+
+@pytest.fixture
+def client(server):
+    return Client(server[0], verbose=False, analytics_enabled=False, download_files=False)
+
+
+def step(client, layer="all layers", head="mean over heads", **kw):
+    return client.predict(
+        prompt="ROMEO:\n", **settings(**kw), layer=layer, head=head, api_name="/step"
+    )
+
+
+def softmax_of_terms(terms) -> np.ndarray:
+    scores = terms["scale"] * sum(np.asarray(terms[t], dtype=np.float64) for t in "abcd")
+    e = np.exp(scores - scores.max())
+    return e / e.sum()
+
+
+def row_as_shown(attention, terms) -> np.ndarray:
+    """softmax(scale · Σ) summed into the view's columns (one key each up to 160 keys)."""
+    weights = dict(zip(terms["key_positions"], softmax_of_terms(terms)))
+    return np.array([
+        sum(weights.get(p, 0.0) for p in range(first, last + 1))
+        for first, last in zip(attention["first"], attention["last"])
+    ])
+
+
+@pytest.mark.parametrize("mem_len", [MEM_LEN, 300])  # 300: the view sums keys into buckets
+def test_step_terms_give_the_attention_row_the_view_shows(client, mem_len):
+    client.predict(prompt="ROMEO:\n", n_tokens=320, **settings(mem_len=mem_len),
+                   api_name="/generate")
+    out = step(client, layer="layer 1", head="head 0", mem_len=mem_len)
+    attention, summary = out[3], out[5]
+    terms = summary["terms"]
+    assert (terms["layer"], terms["head"]) == (1, 0) and attention["rows"] == ["L1 head 0"]
+    assert terms["scale"] == pytest.approx(1 / math.sqrt(8))
+    keys = terms["key_positions"]
+    assert keys == list(range(summary["key_range"][0], summary["key_range"][1] + 1))
+    assert all(len(terms[t]) == len(keys) for t in "abcd")
+    assert attention["terms"] == terms  # the strips draw the same numbers
+    shown = np.asarray(attention["w"][0])
+    assert (len(shown) < len(keys)) == (mem_len > 160)
+    np.testing.assert_allclose(row_as_shown(attention, terms), shown, atol=2e-4)
+    assert "reads by" in terms["words"] and "(b)+(d) span" in terms["words"]
+
+
+def test_terms_only_for_one_layer_and_one_head(client):
+    for layer, head in [("all layers", "head 0"), ("layer 0", "mean over heads"),
+                        ("all layers", "mean over heads")]:
+        out = step(client, layer=layer, head=head)
+        assert out[5]["terms"] is None and out[3]["terms"] is None
+
+
+def test_memory_off_terms(client):
+    out = step(client, layer="layer 0", head="head 1", memory=False)
+    terms, attention = out[5]["terms"], out[3]
+    assert len(terms["key_positions"]) == out[5]["n_keys"]
+    np.testing.assert_allclose(row_as_shown(attention, terms), attention["w"][0], atol=2e-4)
+
+
+def test_past_steps_have_no_terms(server):
+    txl_app = server[1]
+    state = txl_app.new_state(txl_app.default_source, txl_app.default_model)
+    state.session.start("ROMEO:\n")
+    for _ in range(3):
+        state.session.step()
+    _, newest = txl_app.past_views(state, 0, "layer 1", "head 1")
+    _, past = txl_app.past_views(state, 2, "layer 1", "head 1")
+    assert newest["terms"] is not None and past["terms"] is None and past["history"][0] == 2

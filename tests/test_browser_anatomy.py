@@ -1,0 +1,55 @@
+"""The inside of the attention in a real browser (Chromium, offline, as test_browser.py):
+the four score terms as strips under the attention view, and the "Inside the attention"
+tab."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_browser import OUT, app_url, browser_page, step_and_wait  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+TERMS = "#attention .txl-terms"
+
+
+def choose(page, label: str, option: str) -> None:
+    page.get_by_label(label, exact=True).click()
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def wait_terms(page, position: int) -> None:
+    page.wait_for_function(
+        f"document.querySelector('{TERMS}')?.dataset.position === '{position}'"
+    )
+
+
+def test_step_view_shows_the_four_terms(app_url, browser_page):  # noqa: F811
+    page, log = browser_page
+    OUT.mkdir(exist_ok=True)
+    page.goto(app_url, wait_until="load")
+    page.wait_for_selector("#prompt textarea")
+    position = step_and_wait(page)
+    # all layers: a note says how to see the terms
+    assert "Choose one layer and one head" in page.inner_text(TERMS)
+    choose(page, "Layer", "layer 1")
+    choose(page, "Head", "head 0")
+    wait_terms(page, position)
+    words = page.inner_text(f"{TERMS} .txl-terms-words")
+    assert "Layer 1 head 0 reads by" in words and "(b)+(d) span" in words
+    keys = page.evaluate(f"document.querySelector('{TERMS}').dataset.keys")
+    assert int(keys) == position + 1  # every key the newest token sees, memory and itself
+    # hover the (a) strip over the first key: its four values and its weight
+    box = page.locator(f"{TERMS} canvas").bounding_box()
+    page.mouse.move(box["x"] + 95, box["y"] + 10)
+    tip = page.inner_text(f"{TERMS} .txl-terms-tip")
+    assert "key at 0" in tip and "(a)" in tip and "(d)" in tip and "weight" in tip
+    position = step_and_wait(page)  # a new step: new strips
+    wait_terms(page, position)
+    page.screenshot(path=str(OUT / "terms.png"), full_page=True)
+    choose(page, "Head", "mean over heads")
+    page.wait_for_function(
+        f"document.querySelector('{TERMS}').innerText.includes('Choose one layer')"
+    )
+    errors = [text for kind, text in log["console"] if kind == "error"]
+    assert not errors, errors
