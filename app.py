@@ -41,6 +41,7 @@ import time  # noqa: E402
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
+from tabs import anatomy as anatomy_tab  # noqa: E402
 from txl import TXLConfig, anatomy_viz, viz  # noqa: E402
 from txl.hub import TXLLoadError  # noqa: E402
 from txl.serve import (  # noqa: E402
@@ -368,8 +369,11 @@ class TXLApp(Server):
                     ui = self.watch_tab()
                 with gr.Tab("Does memory help?", id="score"):
                     ui.update(self.score_tab())
+                with gr.Tab("Inside the attention", id="anatomy"):
+                    ui.update(anatomy_tab.build(self, EXAMPLES))
             self.wire(ui, state)
-            api_names = {"score_mem": "mem_len"}  # the score tab's slider
+            anatomy_tab.wire(self, ui, state)
+            api_names = {"score_mem": "mem_len", "anatomy_mem": "mem_len"}  # the tabs' sliders
             name_input_errors((api_names.get(k, k), c) for k, c in ui.items())
         return demo
 
@@ -732,6 +736,7 @@ Rough winds do shake the darling buds of May,
 And summer's lease hath all too short a date.
 """
 REPEATED = _QUATRAIN + "\n" + _QUATRAIN
+EXAMPLES = {"Romeo and Juliet, the balcony scene": ROMEO_AND_JULIET, "A quatrain, twice": REPEATED}
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -16,6 +17,7 @@ from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
 from tests.test_app import MEM_LEN, serve, settings, tiny_model  # noqa: E402
+from txl import anatomy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +96,54 @@ def test_past_steps_have_no_terms(server):
     _, newest = txl_app.past_views(state, 0, "layer 1", "head 1")
     _, past = txl_app.past_views(state, 2, "layer 1", "head 1")
     assert newest["terms"] is not None and past["terms"] is None and past["history"][0] == 2
+
+
+# ---- the "Inside the attention" tab: /anatomy -------------------------------------
+
+
+TEXT = "To be, or not to be, that is the question.\n" * 4
+
+
+def test_anatomy_returns_the_profiles_and_both_figures(server, client):
+    status, words, fig5, fig7, numbers, file, heads = client.predict(
+        text=TEXT, mem_len=MEM_LEN, order="mean", head="all heads", api_name="/anatomy"
+    )
+    assert "Read 172 characters" in status and "figures drawn" in status
+    assert "Farthest-reading heads" in words and "The paper" in words
+    for figure in (fig5, fig7):
+        assert Path(figure["path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert numbers["tokens"] == len(TEXT) and numbers["mem_len"] == MEM_LEN
+    # the same numbers as txl.anatomy on the app's model
+    model = server[1].default_model
+    direct = anatomy.profiles(model, model.tokenizer.encode(TEXT), MEM_LEN)
+    np.testing.assert_allclose(numbers["attention"], direct.attention, atol=2e-6)
+    np.testing.assert_allclose(numbers["terms"]["b"], direct.terms[1], atol=2e-6)
+    assert len(numbers["heads"]) == 2 * 2 and set(numbers["heads"][0]) == {
+        "layer", "head", "mean_distance", "share_beyond_segment"}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("", "empty"), ("   ", "empty"), ("x" * 5001, "5,001 characters"), ("{}", "vocabulary")],
+)
+def test_anatomy_bad_text_says_why(client, text, message):
+    status, *_ = client.predict(text=text, mem_len=MEM_LEN, api_name="/anatomy")
+    assert status.startswith("⚠️") and message in status
+
+
+def test_a_newer_click_stops_the_older_job(server):
+    """The job checks between segments whether a newer click took over; if so it stops
+    without drawing anything."""
+    from tabs.anatomy import AnatomyState, read
+
+    txl_app, tab = server[1], AnatomyState()
+    text = "All the world's a stage,\n" * 40  # 1,000 characters: many segments
+
+    def newer_click(*_, **__):  # a second click arrives while the first reads
+        tab.job += 1
+
+    first = list(read(txl_app, text, MEM_LEN, "layer", "all heads", None, tab, newer_click))
+    assert first == [] and tab.result is None
+    stages = list(read(txl_app, text, MEM_LEN, "layer", "all heads", None, tab, lambda *a, **k: 0))
+    assert len(stages) == 2 and tab.result is not None  # Figure 5 first, then Figure 7
+    assert stages[0][2].endswith(".png") and "drawing Figure 7" in stages[0][0]

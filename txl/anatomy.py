@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .anatomy_viz import TERMS, mean_distance, share_beyond  # noqa: F401 (part of the API)
 from .model import KVMemory, TransformerXL
 
-TERMS = ("a", "b", "d")  # the terms of term_profiles, in order (the paper's Figure 7)
 TERM_INDEX = {"a": 0, "b": 1, "c": 2, "d": 3}  # in score_terms' [4, ...] output
 
 
@@ -80,14 +80,14 @@ def distances(M: int, T: int, device=None) -> Tensor:
     return M + i - j
 
 
-def add_by_distance(total: Tensor, weights: Tensor, M: int) -> None:
-    """total[..., Δ] += Σ over queries i and keys j with M + i - j = Δ of weights[..., i, j].
-
-    total [X, D] float64; weights [X, T, K] with zero weight on future keys (they go to
-    Δ = 0 as zeros: no effect)."""
+def by_distance(weights: Tensor, M: int, D: int) -> Tensor:
+    """[X, T, K] weights of a segment's queries over their keys -> [X, D]: entry Δ sums
+    the weights of every query i on the key j with M + i - j = Δ. Future keys (Δ < 0)
+    must have zero weight (the mask gives them that): they are added to Δ = 0."""
     X, T, K = weights.shape
     index = distances(M, T, weights.device).clamp(min=0).flatten()  # [T·K]
-    total.index_add_(1, index, weights.reshape(X, T * K).to(total.dtype))
+    out = weights.new_zeros(X, D)
+    return out.index_add_(1, index, weights.reshape(X, T * K))
 
 
 def iter_profiles(
@@ -108,9 +108,10 @@ def iter_profiles(
     cfg, n = model.config, x.size(1)
     D, L, H = mem_len + seg_len, cfg.n_layer, cfg.n_head
     scale = 1.0 / math.sqrt(cfg.d_head)
-    attention = torch.zeros(L * H, D, dtype=torch.float64, device=x.device)
-    alone = torch.zeros(len(TERMS), L * H, D, dtype=torch.float64, device=x.device)
-    picked = [TERM_INDEX[t] for t in TERMS]
+    # Sums over all queries so far, in float64; each segment's own sums (64 queries at
+    # most per distance) are taken in the model's precision.
+    attention = torch.zeros(L, H, D, dtype=torch.float64, device=x.device)
+    alone = torch.zeros(len(TERMS), L, H, D, dtype=torch.float64, device=x.device)
     memory, started = KVMemory(), time.perf_counter()
     with torch.no_grad():
         for start in range(0, n, seg_len):
@@ -124,18 +125,17 @@ def iter_profiles(
                 output_terms=terms,
             )
             T = out.attentions[0].size(2)
-            probs = torch.cat(out.attentions).flatten(0, 1)  # [L·H, T, K] (batch of 1)
-            add_by_distance(attention, probs, M)
-            if terms:  # each of (a), (b), (d) softmaxed alone over the query's keys
-                per_term = torch.stack(out.terms, 1)[picked, :, 0]  # [3, L, H, T, K]
-                work = torch.promote_types(per_term.dtype, torch.float32)
-                weights = (scale * per_term.to(work)).softmax(dim=-1)
-                for t in range(len(TERMS)):
-                    add_by_distance(alone[t], weights[t].flatten(0, 1), M)
+            for layer, probs in enumerate(out.attentions):  # [1, H, T, K]
+                attention[layer] += by_distance(probs[0], M, D)
+            for layer, layer_terms in enumerate(out.terms or ()):  # [4, 1, H, T, K]
+                work = torch.promote_types(layer_terms.dtype, torch.float32)
+                for t, name in enumerate(TERMS):  # each softmaxed alone over the query's keys
+                    term = layer_terms[TERM_INDEX[name], 0].to(work)
+                    alone[t, layer] += by_distance((scale * term).softmax(dim=-1), M, D)
             done = start + T
             yield Profiles(
-                attention=(attention / done).view(L, H, D).cpu().numpy(),
-                terms=(alone / done).view(len(TERMS), L, H, D).cpu().numpy() if terms else None,
+                attention=(attention / done).cpu().numpy(),
+                terms=(alone / done).cpu().numpy() if terms else None,
                 n_queries=done,
                 n_tokens=n,
                 mem_len=mem_len,
@@ -161,16 +161,3 @@ def term_profiles(model: TransformerXL, ids, mem_len: int) -> np.ndarray:
     """[3, n_layer, n_head, mem_len + tgt_len]: the same average for the terms (a), (b),
     (d), each softmaxed alone over the query's keys (softmax(scale · term))."""
     return profiles(model, ids, mem_len, terms=True).terms
-
-
-# ---- what a profile says -------------------------------------------------------------
-
-
-def mean_distance(profile: np.ndarray) -> np.ndarray:
-    """[..., D] -> [...]: the mean distance a head reads at, Σ_Δ Δ · profile[..., Δ]."""
-    return profile @ np.arange(profile.shape[-1], dtype=np.float64)
-
-
-def share_beyond(profile: np.ndarray, distance: int) -> np.ndarray:
-    """[..., D] -> [...]: the share of attention on keys ``distance`` or more back."""
-    return profile[..., distance:].sum(axis=-1)
