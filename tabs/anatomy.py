@@ -27,6 +27,10 @@ MAX_CHARS = 5_000  # ~10 s for the bundled model at mem_len 128 on the shared 2-
 MAX_MEM_LEN = 512  # the README's figures: 128 (as trained) and 512
 ALL_HEADS = "all heads"
 KEEP_FILES_S = 600  # the PNG and JSON files a run writes are removed after ten minutes
+FIGURES = {
+    "anatomy_fig5": "Figure 5: average attention by distance",
+    "anatomy_fig7": "Figure 7: terms (a), (b), (d), each softmaxed alone",
+}
 
 
 @dataclass
@@ -98,20 +102,15 @@ def build(app, examples: dict[str, str]) -> dict:
                 ui["anatomy_head"] = gr.Dropdown(
                     **head_choices(model), label="Figure 7: heads", min_width=140
                 )
-            ui["anatomy_fig5"] = gr.Image(
-                type="filepath",
-                format="png",
-                label="Figure 5: average attention by distance",
-                buttons=["download", "fullscreen"],
-                elem_id="anatomy_fig5",
-            )
-            ui["anatomy_fig7"] = gr.Image(
-                type="filepath",
-                format="png",
-                label="Figure 7: terms (a), (b), (d), each softmaxed alone",
-                buttons=["download", "fullscreen"],
-                elem_id="anatomy_fig7",
-            )
+            for name, label in FIGURES.items():  # PNG files: the download button saves them
+                ui[name] = gr.Image(
+                    type="filepath",
+                    format="png",
+                    label=label,
+                    show_label=False,
+                    buttons=["download", "fullscreen"],
+                    elem_id=name,
+                )
             ui["anatomy_file"] = gr.File(label="the numbers (JSON)", elem_id="anatomy_file")
             ui["anatomy_numbers"] = gr.JSON(visible=False, elem_id="anatomy_numbers")
     return ui

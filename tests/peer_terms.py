@@ -26,16 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
-import sys
 import textwrap
-import warnings
 from pathlib import Path
 
+import peer_reference
 import torch
-from peer_reference import MASK_CAST, peaky_init
+from peer_reference import MASK_CAST
 from safetensors.torch import save_file
-from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 from transformers.models.deprecated.transfo_xl import modeling_transfo_xl
 
 SCORE_LINE = "attn_score = AC + BD"
@@ -44,8 +41,7 @@ SCORE_LINE = "attn_score = AC + BD"
 CAPTURE = (
     "_TXL_CAPTURED.append(dict(AC=AC, BD=BD, "
     'A=torch.einsum("ibnd,jbnd->ijbn", (w_head_q, w_head_k)), '
-    'C=torch.einsum("nd,jbnd->jbn", (self.r_w_bias, w_head_k))[None].expand_as(AC))); '
-    + SCORE_LINE
+    'C=torch.einsum("nd,jbnd->jbn", (self.r_w_bias, w_head_k))[None].expand_as(AC))); ' + SCORE_LINE
 )
 
 
@@ -70,14 +66,8 @@ def capturing_terms(captured: list):
 
 
 def run_case(case: dict) -> None:
-    out = Path(case["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(case.get("seed", 0))
-    config = TransfoXLConfig(**case["config"])
-    model = TransfoXLLMHeadModel(config)
-    peaky_init(model, case.get("init_std", 0.3), generator)
-    model.eval()
-    model.save_pretrained(out / "model", safe_serialization=True)
+    model, generator = peer_reference.build_model(case)
+    config, out = model.config, Path(case["out"])
     model = model.double()
 
     segments, batch = case["segments"], case.get("batch", 2)
@@ -98,14 +88,5 @@ def run_case(case: dict) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, out / "terms.safetensors")
 
 
-def main() -> None:
-    warnings.filterwarnings("ignore")  # deprecation notices of the TransfoXL port
-    torch.set_num_threads(1)
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    for case in spec["cases"]:
-        run_case(case)
-    print(json.dumps({"done": len(spec["cases"])}))
-
-
 if __name__ == "__main__":
-    main()
+    peer_reference.main(run_case)

@@ -13,24 +13,12 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from gradio_client import Client  # noqa: E402
 
-import app  # noqa: E402
-from tests.test_app import MEM_LEN, serve, settings, tiny_model  # noqa: E402
+from tests import test_app  # noqa: E402
+from tests.test_app import MEM_LEN, settings  # noqa: E402
 from txl import anatomy  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    txl_app = app.TXLApp(tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
-    demo, url = serve(txl_app)
-    yield url, txl_app
-    demo.close()
-
-
-@pytest.fixture
-def client(server):
-    return Client(server[0], verbose=False, analytics_enabled=False, download_files=False)
+server, client = test_app.server, test_app.client  # the app's fixtures: a tiny model
 
 
 def step(client, layer="all layers", head="mean over heads", **kw):
@@ -48,16 +36,19 @@ def softmax_of_terms(terms) -> np.ndarray:
 def row_as_shown(attention, terms) -> np.ndarray:
     """softmax(scale · Σ) summed into the view's columns (one key each up to 160 keys)."""
     weights = dict(zip(terms["key_positions"], softmax_of_terms(terms)))
-    return np.array([
-        sum(weights.get(p, 0.0) for p in range(first, last + 1))
-        for first, last in zip(attention["first"], attention["last"])
-    ])
+    return np.array(
+        [
+            sum(weights.get(p, 0.0) for p in range(first, last + 1))
+            for first, last in zip(attention["first"], attention["last"])
+        ]
+    )
 
 
 @pytest.mark.parametrize("mem_len", [MEM_LEN, 300])  # 300: the view sums keys into buckets
 def test_step_terms_give_the_attention_row_the_view_shows(client, mem_len):
-    client.predict(prompt="ROMEO:\n", n_tokens=320, **settings(mem_len=mem_len),
-                   api_name="/generate")
+    client.predict(
+        prompt="ROMEO:\n", n_tokens=320, **settings(mem_len=mem_len), api_name="/generate"
+    )
     out = step(client, layer="layer 1", head="head 0", mem_len=mem_len)
     attention, summary = out[3], out[5]
     terms = summary["terms"]
@@ -74,8 +65,11 @@ def test_step_terms_give_the_attention_row_the_view_shows(client, mem_len):
 
 
 def test_terms_only_for_one_layer_and_one_head(client):
-    for layer, head in [("all layers", "head 0"), ("layer 0", "mean over heads"),
-                        ("all layers", "mean over heads")]:
+    for layer, head in [
+        ("all layers", "head 0"),
+        ("layer 0", "mean over heads"),
+        ("all layers", "mean over heads"),
+    ]:
         out = step(client, layer=layer, head=head)
         assert out[5]["terms"] is None and out[3]["terms"] is None
 
@@ -119,7 +113,11 @@ def test_anatomy_returns_the_profiles_and_both_figures(server, client):
     np.testing.assert_allclose(numbers["attention"], direct.attention, atol=2e-6)
     np.testing.assert_allclose(numbers["terms"]["b"], direct.terms[1], atol=2e-6)
     assert len(numbers["heads"]) == 2 * 2 and set(numbers["heads"][0]) == {
-        "layer", "head", "mean_distance", "share_beyond_segment"}
+        "layer",
+        "head",
+        "mean_distance",
+        "share_beyond_segment",
+    }
 
 
 @pytest.mark.parametrize(

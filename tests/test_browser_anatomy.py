@@ -53,3 +53,40 @@ def test_step_view_shows_the_four_terms(app_url, browser_page):  # noqa: F811
     )
     errors = [text for kind, text in log["console"] if kind == "error"]
     assert not errors, errors
+
+
+def image_src(page, elem_id: str) -> str | None:
+    return page.evaluate(f"document.querySelector('#{elem_id} img')?.src ?? null")
+
+
+def test_inside_the_attention_tab(app_url, browser_page):  # noqa: F811
+    page, log = browser_page
+    OUT.mkdir(exist_ok=True)
+    page.goto(app_url, wait_until="load")
+    page.get_by_role("tab", name="Inside the attention").click()
+    text = page.input_value("#anatomy_text textarea")
+    assert text.startswith("ROMEO:")  # an example is there: the first click works
+    page.click("#anatomy_run")
+    page.wait_for_function(
+        "document.querySelector('#anatomy_status')?.innerText.includes('figures drawn')"
+        " && document.querySelector('#anatomy_fig7 img') !== null"
+    )
+    status = page.inner_text("#anatomy_status")
+    assert f"Read {len(text):,} characters" in status
+    assert "Farthest-reading heads" in page.inner_text("#anatomy_words")
+    fig5, fig7 = image_src(page, "anatomy_fig5"), image_src(page, "anatomy_fig7")
+    page.screenshot(path=str(OUT / "anatomy.png"), full_page=True)
+    # other rows' order: Figure 5 drawn again from the same numbers
+    choose(page, "Rows (heads) ordered by", "mean distance, farthest first")
+    page.wait_for_function(
+        f"document.querySelector('#anatomy_fig5 img')?.src !== {fig5!r}"
+        f" && document.querySelector('#anatomy_fig7 img')?.src !== {fig7!r}"
+    )
+    fig5, fig7 = image_src(page, "anatomy_fig5"), image_src(page, "anatomy_fig7")
+    # an empty text: its message, and the figures stay
+    page.fill("#anatomy_text textarea", "")
+    page.click("#anatomy_run")
+    page.wait_for_function("document.querySelector('#anatomy_status')?.innerText.includes('empty')")
+    assert image_src(page, "anatomy_fig5") == fig5 and image_src(page, "anatomy_fig7") == fig7
+    errors = [text for kind, text in log["console"] if kind == "error"]
+    assert not errors, errors
