@@ -188,7 +188,7 @@ def _direct(model, ids, mem_len, what="attention"):
 @pytest.mark.parametrize(
     "overrides, n, mem_len",
     [
-        ({}, 37, 12),  # the last segment short
+        ({"dropout": 0.3}, 37, 12),  # the last segment short; dropout off while reading
         ({"same_length": True, "clamp_len": 5}, 40, 12),
         ({}, 20, 0),  # no memory: segments read alone
         ({"pre_lnorm": True, "untie_r": False}, 50, 20),  # a memory longer than trained
@@ -196,10 +196,12 @@ def _direct(model, ids, mem_len, what="attention"):
     ],
 )
 def test_distance_profile_equals_a_direct_computation(overrides, n, mem_len):
-    model = _model(**overrides)
+    model = _model(**overrides).train()  # read in eval mode, and left in its own mode
     generator = torch.Generator().manual_seed(n)
     ids = torch.randint(0, model.config.vocab_size, (n,), generator=generator).tolist()
     profile = distance_profile(model, ids, mem_len)
+    assert model.training
+    model.eval()
     cfg = model.config
     assert profile.shape == (cfg.n_layer, cfg.n_head, mem_len + cfg.tgt_len)
     np.testing.assert_allclose(profile, _direct(model, ids, mem_len), atol=1e-6)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,7 +100,7 @@ def iter_profiles(
 ) -> Iterator[Profiles]:
     """Read ids in segments and yield the running Profiles after each segment (the last
     one yielded covers the whole text). A generator, so that a caller can show progress and
-    stop early."""
+    stop early. The model reads in eval mode (no dropout); its mode is put back after."""
     if isinstance(mem_len, bool) or int(mem_len) != mem_len or mem_len < 0:
         raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}")
     mem_len = int(mem_len)
@@ -113,7 +114,7 @@ def iter_profiles(
     attention = torch.zeros(L, H, D, dtype=torch.float64, device=x.device)
     alone = torch.zeros(len(TERMS), L, H, D, dtype=torch.float64, device=x.device)
     memory, started = KVMemory(), time.perf_counter()
-    with torch.no_grad():
+    with _eval_mode(model), torch.no_grad():
         for start in range(0, n, seg_len):
             M = len(memory)
             out = model.forward_cached(
@@ -142,6 +143,16 @@ def iter_profiles(
                 seg_len=seg_len,
                 seconds=time.perf_counter() - started,
             )
+
+
+@contextmanager
+def _eval_mode(model: TransformerXL):
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
 
 
 def profiles(model: TransformerXL, ids, mem_len: int, terms: bool = True, seg_len=None):
