@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .anatomy_viz import TERMS, mean_distance, share_beyond  # noqa: F401 (part of the API)
@@ -73,22 +74,21 @@ def _as_ids(ids) -> Tensor:
     return ids.view(1, -1)
 
 
-def distances(M: int, T: int, device=None) -> Tensor:
-    """[T, K] how far back key j lies from query i of a segment over M memory positions:
-    Δ = M + i - j (negative for future keys, which the mask hides)."""
-    i = torch.arange(T, device=device)[:, None]
-    j = torch.arange(M + T, device=device)[None, :]
-    return M + i - j
+def by_distance(weights: Tensor, D: int) -> Tensor:
+    """[X, T, K] weights of a segment's queries over their keys (K = M + T) -> [X, D]:
+    entry Δ sums the weights of every query i on the key j = M + i - Δ back.
 
-
-def by_distance(weights: Tensor, M: int, D: int) -> Tensor:
-    """[X, T, K] weights of a segment's queries over their keys -> [X, D]: entry Δ sums
-    the weights of every query i on the key j with M + i - j = Δ. Future keys (Δ < 0)
-    must have zero weight (the mask gives them that): they are added to Δ = 0."""
+    The inverse of model.rel_shift's trick: row i moved right by T - 1 - i puts every
+    row's keys in one order of distance (column c = distance K - 1 - c), so that a sum
+    over the rows adds up equal distances. Pad T - 1 zeros in front of each row [.., K + T
+    - 1] and read it with a row stride one longer: row i starts i places later."""
     X, T, K = weights.shape
-    index = distances(M, T, weights.device).clamp(min=0).flatten()  # [T·K]
+    W = K + T - 1
+    padded = F.pad(weights, (T - 1, 0))  # [X, T, W]
+    aligned = padded.as_strided((X, T, K), (T * W, W + 1, 1))  # [X, T, K]: by distance
     out = weights.new_zeros(X, D)
-    return out.index_add_(1, index, weights.reshape(X, T * K))
+    out[:, :K] = aligned.sum(dim=1).flip(-1)  # distances 0 ... K - 1
+    return out
 
 
 def iter_profiles(
@@ -114,9 +114,9 @@ def iter_profiles(
     attention = torch.zeros(L, H, D, dtype=torch.float64, device=x.device)
     alone = torch.zeros(len(TERMS), L, H, D, dtype=torch.float64, device=x.device)
     memory, started = KVMemory(), time.perf_counter()
-    with _eval_mode(model), torch.no_grad():
+    # inference_mode: the model's outputs are inference tensors, scaled here in place
+    with _eval_mode(model), torch.inference_mode():
         for start in range(0, n, seg_len):
-            M = len(memory)
             out = model.forward_cached(
                 x[:, start : start + seg_len],
                 memory,
@@ -127,12 +127,13 @@ def iter_profiles(
             )
             T = out.attentions[0].size(2)
             for layer, probs in enumerate(out.attentions):  # [1, H, T, K]
-                attention[layer] += by_distance(probs[0], M, D)
+                attention[layer] += by_distance(probs[0], D)
             for layer, layer_terms in enumerate(out.terms or ()):  # [4, 1, H, T, K]
                 work = torch.promote_types(layer_terms.dtype, torch.float32)
+                scaled = layer_terms[:, 0].to(work).mul_(scale)  # [4, H, T, K]
                 for t, name in enumerate(TERMS):  # each softmaxed alone over the query's keys
-                    term = layer_terms[TERM_INDEX[name], 0].to(work)
-                    alone[t, layer] += by_distance((scale * term).softmax(dim=-1), M, D)
+                    weights = scaled[TERM_INDEX[name]].softmax(dim=-1)
+                    alone[t, layer] += by_distance(weights, D)
             done = start + T
             yield Profiles(
                 attention=(attention / done).cpu().numpy(),

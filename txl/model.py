@@ -352,14 +352,16 @@ def score_terms(
     each, which is why the terms are a separate (slower) computation, made only on request.
     """
     B, H, T, _ = q.shape
-    a = q @ k.mT  # (a) content: [B, H, T, K]
-    c = (u[:, None] @ k.mT).expand_as(a)  # (c) global content bias: one row for all queries
+    terms = q.new_empty(4, B, H, T, k.size(2))  # written in place: no stacked copies
+    terms[0].copy_(q @ k.mT)  # (a) content: [B, H, T, K]
+    terms[2].copy_(u[:, None] @ k.mT)  # (c) global content bias: [B, H, 1, K], every query
     b = q @ r_k.mT  # (b) content-dependent position, by distance K-1 ... 0
-    d = (v[:, None] @ r_k.mT).expand_as(b)  # (d) global position bias: [H, 1, K] -> [B, H, T, K]
+    d = (v[:, None] @ r_k.mT).expand(B, H, T, -1)  # (d) global position bias: [H, 1, K]
     if T > 1:  # re-index by key position (one query's row already lines up)
         b, d = rel_shift(b), rel_shift(d)
-    terms = torch.stack([a, b, c, d])
-    return terms if mask is None else terms.masked_fill(mask, float("-inf"))
+    terms[1].copy_(b)
+    terms[3].copy_(d)
+    return terms if mask is None else terms.masked_fill_(mask, float("-inf"))
 
 
 class RelativePositionalEncoding(nn.Module):
