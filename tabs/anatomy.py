@@ -59,6 +59,7 @@ single prediction. The PNGs download from each figure; `/anatomy` returns the nu
 def build(app, examples: dict[str, str]) -> dict:
     """Text (an example filled in, so that the first click works), mem_len, the button;
     the words, Figure 5 and Figure 7, their order and the head of Figure 7."""
+    anatomy_viz.load_matplotlib()
     model = app.default_model
     mem_len = min(MAX_MEM_LEN, app.start_mem_len(model)) if model else 128
     ui = {}

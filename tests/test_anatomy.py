@@ -255,3 +255,13 @@ def test_step_trace_terms_give_its_attention(memory, overrides):
     traces = list(s.generate(3, capture_last_only=False))  # terms of its last step only
     assert [t.terms is None for t in traces] == [True, True, False]
     assert s.step(terms=False).terms is None and s.step(capture=False).terms is None
+
+
+def test_profiles_of_a_bfloat16_model_are_summed_in_float32():
+    model = _model().to(torch.bfloat16)  # the app's dtype for big models
+    ids = list(range(30))
+    result = profiles(model, ids, 12)
+    np.testing.assert_allclose(result.attention.sum(-1), 1.0, atol=2e-3)  # bf16 weights
+    np.testing.assert_allclose(result.terms.sum(-1), 1.0, atol=1e-4)
+    close = profiles(_model(), ids, 12).attention  # float32: the same up to bfloat16's rounding
+    np.testing.assert_allclose(result.attention, close, atol=0.05)

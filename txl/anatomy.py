@@ -113,6 +113,8 @@ def iter_profiles(
     # most per distance) are taken in the model's precision.
     attention = torch.zeros(L, H, D, dtype=torch.float64, device=x.device)
     alone = torch.zeros(len(TERMS), L, H, D, dtype=torch.float64, device=x.device)
+    # bfloat16 models: softmax and sums in float32 at least
+    work = torch.promote_types(next(model.parameters()).dtype, torch.float32)
     memory, started = KVMemory(), time.perf_counter()
     # inference_mode: the model's outputs are inference tensors, scaled here in place
     with _eval_mode(model), torch.inference_mode():
@@ -127,9 +129,8 @@ def iter_profiles(
             )
             T = out.attentions[0].size(2)
             for layer, probs in enumerate(out.attentions):  # [1, H, T, K]
-                attention[layer] += by_distance(probs[0], D)
+                attention[layer] += by_distance(probs[0].to(work), D)
             for layer, layer_terms in enumerate(out.terms or ()):  # [4, 1, H, T, K]
-                work = torch.promote_types(layer_terms.dtype, torch.float32)
                 scaled = layer_terms[:, 0].to(work).mul_(scale)  # [4, H, T, K]
                 for t, name in enumerate(TERMS):  # each softmaxed alone over the query's keys
                     weights = scaled[TERM_INDEX[name]].softmax(dim=-1)

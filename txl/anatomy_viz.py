@@ -282,6 +282,13 @@ def terms_figure(
     return fig
 
 
+def load_matplotlib() -> None:
+    """Import what the figures use now (about a second), not at a visitor's first click."""
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.colors  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+
 def figure_png(fig) -> bytes:
     """The figure as PNG bytes (Agg, no display needed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
