@@ -26,6 +26,7 @@ from txl.serve import as_int
 MAX_CHARS = 5_000  # ~10 s for the bundled model at mem_len 128 on the shared 2-core machine
 MAX_MEM_LEN = 512  # the README's figures: 128 (as trained) and 512
 ALL_HEADS = "all heads"
+STAGE_EVERY_S = 0.5  # while reading, a progress stage at most this often
 KEEP_FILES_S = 600  # the PNG and JSON files a run writes are removed after ten minutes
 FIGURES = {
     "anatomy_fig5": "Figure 5: average attention by distance",
@@ -207,11 +208,17 @@ def read(app, text, mem_len, order, head, state, tab: AnatomyState | None, progr
     tab.job += 1
     job = tab.job
     unit = model.tokenizer.unit
-    result = None
+    result, shown = None, time.perf_counter()
     for result in anatomy.iter_profiles(model, ids, mem_len):
         if tab.job != job:
             return  # a newer click on this tab took over
         progress((result.n_queries, result.n_tokens), desc=f"reading {unit}s", unit=unit)
+        if time.perf_counter() - shown > STAGE_EVERY_S and not result.done:
+            # A stage now and then: where it is, and a point where Gradio stops the job
+            # when the visitor has left (it checks between yields).
+            shown = time.perf_counter()
+            where = f"Reading… {result.n_queries:,} of {result.n_tokens:,} {unit}s"
+            yield f"{where} ({result.seconds:.1f} s)", *[gr.skip()] * 6, tab
     tab.result = result
     words = anatomy_viz.anatomy_markdown(result, unit)
     heads = gr.Dropdown(**head_choices(model))  # the session's model may have other heads

@@ -129,6 +129,18 @@ def test_anatomy_bad_text_says_why(client, text, message):
     assert status.startswith("⚠️") and message in status
 
 
+def test_reading_streams_its_progress(server, monkeypatch):
+    from tabs import anatomy as tab_module
+
+    monkeypatch.setattr(tab_module, "STAGE_EVERY_S", 0.0)  # a stage after every segment
+    text = "All the world's a stage,\n" * 4  # 100 characters: 7 segments of 16
+    stages = list(tab_module.read(server[1], text, MEM_LEN, "layer", "all heads", None,
+                                  tab_module.AnatomyState(), lambda *a, **k: 0))
+    assert [s[0].split(" (")[0] for s in stages[:6]] == [
+        f"Reading… {16 * k} of 100 characters" for k in range(1, 7)]
+    assert "drawing Figure 7" in stages[6][0] and len(stages) == 8
+
+
 def test_a_newer_click_stops_the_older_job(server):
     """The job checks between segments whether a newer click took over; if so it stops
     without drawing anything."""
@@ -143,5 +155,8 @@ def test_a_newer_click_stops_the_older_job(server):
     first = list(read(txl_app, text, MEM_LEN, "layer", "all heads", None, tab, newer_click))
     assert first == [] and tab.result is None
     stages = list(read(txl_app, text, MEM_LEN, "layer", "all heads", None, tab, lambda *a, **k: 0))
-    assert len(stages) == 2 and tab.result is not None  # Figure 5 first, then Figure 7
-    assert stages[0][2].endswith(".png") and "drawing Figure 7" in stages[0][0]
+    reading = [stage for stage in stages if stage[0].startswith("Reading…")]
+    figures = stages[len(reading) :]  # progress while reading (on a slow machine), then:
+    assert len(figures) == 2 and tab.result is not None  # Figure 5 first, then Figure 7
+    assert figures[0][2].endswith(".png") and "drawing Figure 7" in figures[0][0]
+    assert figures[1][3].endswith(".png") and "figures drawn" in figures[1][0]

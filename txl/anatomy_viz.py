@@ -194,16 +194,17 @@ def _figure(width: float, rows: int, seg_len: int):
         fontsize=8,
         color="#b91c1c",
     )
-    margins = dict(left=0.6 / width, right=1 - 0.15 / width, top=1 - 0.5 / height)
+    margins = dict(left=0.6 / width, right=1 - 0.15 / width, top=1 - 0.75 / height)
     margins["bottom"] = 0.75 / height
     return fig, margins
 
 
-def _heatmap(ax, values: np.ndarray, title: str):
+def _heatmap(ax, values: np.ndarray, title: str, vmax: float | None = None):
     from matplotlib.colors import PowerNorm
 
     # sqrt colour scale, as in the Step view: the small shares most cells hold stay visible
-    norm = PowerNorm(0.5, vmin=0.0, vmax=max(float(values.max()), 1e-9))
+    vmax = float(values.max()) if vmax is None else vmax
+    norm = PowerNorm(0.5, vmin=0.0, vmax=max(vmax, 1e-9))
     image = ax.imshow(values, aspect="auto", cmap="viridis", norm=norm, interpolation="nearest")
     ax.set_title(title, fontsize=10)
     return image
@@ -258,9 +259,10 @@ def terms_figure(
         heads = head_order(profile, order, seg_len)
         fig, margins = _figure(14, len(heads), seg_len)
         axes = fig.subplots(1, 3, sharey=True, gridspec_kw=dict(wspace=0.05, **margins))
-        for ax, name, per_term in zip(axes, TERMS, terms):
-            rows = np.stack([per_term[lh] for lh in heads])
-            image = _heatmap(ax, bucket_means(rows, buckets), TERM_TITLES[name])
+        panels = [bucket_means(np.stack([t[lh] for lh in heads]), buckets) for t in terms]
+        vmax = max(float(p.max()) for p in panels)  # one colour scale: the panels compare
+        for ax, name, values in zip(axes, TERMS, panels):
+            image = _heatmap(ax, values, TERM_TITLES[name], vmax)
             _distance_axis(ax, buckets, seg_len)
         _row_labels(axes[0], heads, len(heads))
         fig.colorbar(image, ax=axes, label="average weight per key", shrink=0.6, pad=0.01)
