@@ -12,14 +12,16 @@ import json
 import math
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from txl import TransformerXL, TXLConfig
+from txl import TransformerXL, TXLConfig, anatomy_viz
 from txl.anatomy import (
+    Profiles,
     distance_profile,
     iter_profiles,
     mean_distance,
@@ -265,3 +267,53 @@ def test_profiles_of_a_bfloat16_model_are_summed_in_float32():
     np.testing.assert_allclose(result.terms.sum(-1), 1.0, atol=1e-4)
     close = profiles(_model(), ids, 12).attention  # float32: the same up to bfloat16's rounding
     np.testing.assert_allclose(result.attention, close, atol=0.05)
+
+
+# ---- the views: txl.anatomy_viz ------------------------------------------------------
+
+
+def test_distance_buckets_cover_every_distance_once():
+    buckets = anatomy_viz.distance_buckets(192)
+    assert buckets[0] == (0, 1) and buckets[-1][1] == 192
+    assert all(a1 == b0 for (_, a1), (b0, _) in zip(buckets, buckets[1:]))
+    assert [a for a, _ in buckets][:10] == [0, 1, 2, 3, 4, 6, 8, 12, 16, 24]
+    uniform = np.full((2, 192), 1 / 192)
+    np.testing.assert_allclose(anatomy_viz.bucket_means(uniform, buckets), 1 / 192)
+
+
+def test_head_order_and_words():
+    profile = np.zeros((2, 2, 20))
+    for (layer, head), distance in {(0, 0): 1, (0, 1): 15, (1, 0): 3, (1, 1): 9}.items():
+        profile[layer, head, distance] = 1.0
+    assert anatomy_viz.head_order(profile, "mean", 8) == [(0, 1), (1, 1), (1, 0), (0, 0)]
+    assert anatomy_viz.head_order(profile, "layer", 8)[0] == (0, 0)
+    with pytest.raises(ValueError, match="order"):
+        anatomy_viz.head_order(profile, "nope", 8)
+    result = Profiles(profile, None, 40, 40, 12, 8, 0.5)
+    words = anatomy_viz.anatomy_markdown(result)
+    assert "L0.1 (mean distance 15, 100% 8+ back)" in words and "The paper" in words
+
+
+def test_step_terms_json_leaves_out_hidden_keys():
+    terms = np.zeros((1, 4, 1, 5), dtype=np.float32)
+    terms[0, :, 0, :2] = -np.inf  # same_length hid the two oldest keys
+    terms[0, 1, 0, 2:] = [0.0, 4.0, 8.0]  # (b) grows towards the newest key: by distance
+    trace = SimpleNamespace(terms=terms, key_positions=np.arange(10, 15))
+    out = anatomy_viz.step_terms(trace, 0, 0, scale=0.5)
+    assert out["key_positions"] == [12, 13, 14] and out["b"] == [0.0, 4.0, 8.0]
+    assert out["spread"]["position (b)+(d)"] == 4.0 and "reads by distance" in out["words"]
+    assert anatomy_viz.step_terms(trace, None, 0, 0.5) is None
+    assert anatomy_viz.step_terms(SimpleNamespace(terms=None), 0, 0, 0.5) is None
+
+
+def test_figures_of_a_wt103_sized_model_render():
+    rng = np.random.default_rng(0)
+    profile = rng.random((18, 16, 1664))  # 288 heads, memory 1,600 + segments of 64
+    profile /= profile.sum(-1, keepdims=True)
+    terms = np.stack([profile] * 3)
+    for figure in (
+        anatomy_viz.distance_figure(profile, 64, "beyond", "wt103"),
+        anatomy_viz.terms_figure(terms, profile, 64, "layer"),
+        anatomy_viz.terms_figure(terms, profile, 64, head=(17, 15)),
+    ):
+        assert anatomy_viz.figure_png(figure)[:8] == b"\x89PNG\r\n\x1a\n"

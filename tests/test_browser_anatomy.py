@@ -51,6 +51,12 @@ def test_step_view_shows_the_four_terms(app_url, browser_page):  # noqa: F811
     page.wait_for_function(
         f"document.querySelector('{TERMS}').innerText.includes('Choose one layer')"
     )
+    # the tab reads the text written here when asked (instead of its example)
+    page.get_by_role("tab", name="Inside the attention").click()
+    page.click("#anatomy_use_text")
+    page.wait_for_function(
+        f"document.querySelector('#anatomy_text textarea').value.length === {position + 1}"
+    )
     errors = [text for kind, text in log["console"] if kind == "error"]
     assert not errors, errors
 
