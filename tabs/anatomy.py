@@ -143,10 +143,16 @@ def wire(app, ui: dict, state: gr.State) -> None:
     def run(text, mem_len, order, head, state, tab, progress=gr.Progress()):  # noqa: B008
         yield from read(app, text, mem_len, order, head, state, tab, progress)
 
-    def redraw(order, head, tab):
+    def redraw(order, head, tab):  # the order changes both figures
         if tab is None or tab.result is None:
             return gr.skip(), gr.skip()
-        return draw(app, tab, order, parse_head(head))
+        paths = draw(app, tab, order, parse_head(head))
+        return paths["fig5"], paths["fig7"]
+
+    def redraw_figure_7(order, head, tab):  # the head changes Figure 7 only
+        if tab is None or tab.result is None:
+            return gr.skip()
+        return draw(app, tab, order, parse_head(head), ("fig7",))["fig7"]
 
     def use_text(state):
         text = state.session.text if state is not None and not state.expired else ""
@@ -166,11 +172,14 @@ def wire(app, ui: dict, state: gr.State) -> None:
         concurrency_limit=4,
         concurrency_id="anatomy",
     )
-    for event in (ui["anatomy_order"].change, ui["anatomy_head"].change):
+    for event, fn, figures in (
+        (ui["anatomy_order"].change, redraw, ["anatomy_fig5", "anatomy_fig7"]),
+        (ui["anatomy_head"].change, redraw_figure_7, ["anatomy_fig7"]),
+    ):
         event(
-            redraw,
+            fn,
             [ui["anatomy_order"], ui["anatomy_head"], tab],
-            [ui["anatomy_fig5"], ui["anatomy_fig7"]],
+            [ui[name] for name in figures],
             trigger_mode="always_last",
             api_visibility="private",
         )
@@ -223,12 +232,12 @@ def read(app, text, mem_len, order, head, state, tab: AnatomyState | None, progr
     words = anatomy_viz.anatomy_markdown(result, unit)
     heads = gr.Dropdown(**head_choices(model))  # the session's model may have other heads
     started = time.perf_counter()
-    fig5, _ = draw(app, tab, order, None, only_figure_5=True)
+    fig5 = draw(app, tab, order, None, ("fig5",))["fig5"]
     reading = f"Read {result.n_tokens:,} {unit}s in **{result.seconds:.1f} s**"
     yield f"{reading}; drawing Figure 7…", words, fig5, *[gr.skip()] * 3, heads, tab
     if tab.job != job:
         return
-    fig5, fig7 = draw(app, tab, order, parse_head(head))
+    fig7 = draw(app, tab, order, parse_head(head), ("fig7",))["fig7"]
     numbers = save_numbers(app, tab)
     status = (
         f"{reading} (segments of {result.seg_len} over a memory of {result.mem_len}, the "
@@ -237,9 +246,9 @@ def read(app, text, mem_len, order, head, state, tab: AnatomyState | None, progr
     yield status, words, fig5, fig7, numbers, tab.files["json"], heads, tab
 
 
-def draw(app, tab: AnatomyState, order, head, only_figure_5: bool = False):
-    """(Figure 5, Figure 7) of the tab's last result as PNG files (Figure 7 skipped with
-    only_figure_5)."""
+def draw(app, tab: AnatomyState, order, head, figures=("fig5", "fig7")) -> dict:
+    """Figures 5 and 7 (or those named) of the tab's last result as PNG files: name ->
+    path. ``head``: (layer, head) for Figure 7, or None for all heads."""
     result = tab.result
     if order not in anatomy_viz.ORDERS:
         order = "layer"
@@ -248,15 +257,15 @@ def draw(app, tab: AnatomyState, order, head, only_figure_5: bool = False):
     ):
         head = None
     title = f"{result.n_tokens:,} tokens, segments of {result.seg_len}, memory {result.mem_len}"
-    fig5 = anatomy_viz.distance_figure(result.attention, result.seg_len, order, title)
-    paths = [write(app, tab, "fig5", ".png", anatomy_viz.figure_png(fig5))]
-    if only_figure_5:
-        return paths[0], gr.skip()
-    fig7 = anatomy_viz.terms_figure(
-        result.terms, result.attention, result.seg_len, order, head, title
-    )
-    paths.append(write(app, tab, "fig7", ".png", anatomy_viz.figure_png(fig7)))
-    return tuple(paths)
+    seg_len, attention = result.seg_len, result.attention
+    paths = {}
+    for name in figures:
+        if name == "fig5":
+            figure = anatomy_viz.distance_figure(attention, seg_len, order, title)
+        else:
+            figure = anatomy_viz.terms_figure(result.terms, attention, seg_len, order, head, title)
+        paths[name] = write(app, tab, name, ".png", anatomy_viz.figure_png(figure))
+    return paths
 
 
 def save_numbers(app, tab: AnatomyState) -> dict:

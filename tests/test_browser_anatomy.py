@@ -39,8 +39,9 @@ def test_step_view_shows_the_four_terms(app_url, browser_page):  # noqa: F811
     assert "Layer 1 head 0 reads by" in words and "(b)+(d) span" in words
     keys = page.evaluate(f"document.querySelector('{TERMS}').dataset.keys")
     assert int(keys) == position + 1  # every key the newest token sees, memory and itself
+    assert page.locator("#attention canvas").count() == 1  # the strips are an image
     # hover the (a) strip over the first key: its four values and its weight
-    box = page.locator(f"{TERMS} canvas").bounding_box()
+    box = page.locator(f"{TERMS} img").bounding_box()
     page.mouse.move(box["x"] + 95, box["y"] + 10)
     tip = page.inner_text(f"{TERMS} .txl-terms-tip")
     assert "key at 0" in tip and "(a)" in tip and "(d)" in tip and "weight" in tip

@@ -50,16 +50,17 @@
     });
   }
 
-  function draw(canvas, v, P) {
-    const width = Math.max(280, canvas.parentElement.clientWidth || 600);
+  // Drawn on a canvas that is not in the page and shown as an <img>: the attention view's
+  // canvas stays the only one in #attention (tests and tools address it so).
+  function draw(canvas, img, v, P, width) {
     const plotW = Math.max(40, width - M.left - M.right);
     const bottom = M.top + LABELS.length * (M.row + M.gap);
     const height = bottom + M.legend;
     const dpr = window.devicePixelRatio || 1;
     canvas.width = Math.round(width * dpr);
     canvas.height = Math.round(height * dpr);
-    canvas.style.width = width + "px";
-    canvas.style.height = height + "px";
+    img.style.width = width + "px";
+    img.style.height = height + "px";
     const g = canvas.getContext("2d");
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.fillStyle = "#ffffff";
@@ -92,6 +93,7 @@
     g.fillText(`+${fmt(P.S)}`, M.left + barW, by + 16);
     g.textAlign = "left";
     g.fillText("each strip: scale × term minus its mean over the keys; one colour scale for all five", M.left, by + 30);
+    img.src = canvas.toDataURL("image/png");
     return { spans };
   }
 
@@ -110,32 +112,35 @@
   function mountTerms(element, props, watch) {
     const root = element.querySelector(".txl-terms");
     if (!root) return;
-    root.innerHTML = '<div class="txl-terms-words"></div><canvas class="txl-terms-canvas"></canvas><div class="txl-terms-tip"></div>';
+    root.innerHTML = '<div class="txl-terms-words"></div><img class="txl-terms-strips" alt="the four terms of the chosen head, per key"><div class="txl-terms-tip"></div>';
     const words = root.querySelector(".txl-terms-words");
-    const canvas = root.querySelector("canvas");
+    const img = root.querySelector("img");
+    const canvas = document.createElement("canvas");
     const tip = root.querySelector(".txl-terms-tip");
+    const width = () => Math.max(280, root.clientWidth || 600);
     let v = null, P = null, L = null;
+    let drawnWidth = 0; // the ResizeObserver redraws on a change of width only
     function render() {
       v = props.value && typeof props.value === "object" && props.value.w ? props.value : null;
       tip.style.display = "none";
       root.style.display = v ? "block" : "none";
       if (!v || !v.terms) {
-        canvas.style.display = "none";
+        img.style.display = "none";
         words.textContent = v ? note(v) : "";
         delete root.dataset.position;
         return;
       }
       P = prepare(v.terms);
-      canvas.style.display = "block";
-      L = draw(canvas, v, P);
+      img.style.display = "block";
+      L = draw(canvas, img, v, P, (drawnWidth = width()));
       words.textContent = v.terms.words;
       root.dataset.position = String(v.pos);
       root.dataset.keys = String(v.terms.key_positions.length);
       document.dispatchEvent(new CustomEvent("txl-terms-painted", { detail: { position: v.pos } }));
     }
-    canvas.addEventListener("mousemove", (e) => {
+    img.addEventListener("mousemove", (e) => {
       if (!v || !v.terms || !L) return;
-      const box = canvas.getBoundingClientRect();
+      const box = img.getBoundingClientRect();
       const x = e.clientX - box.left, y = e.clientY - box.top;
       let lo = 0, hi = L.spans.length - 1; // the last key starting left of x
       while (lo < hi) {
@@ -153,10 +158,12 @@
         + `(c) ${fmt(t.c[k])} · (d) ${fmt(t.d[k])} · scale·Σ ${fmt(P.sum[k])} · weight ${weight(P.weights[k])}`;
       tip.style.display = "block";
       tip.style.left = Math.min(x + 12, box.width - 300) + "px";
-      tip.style.top = canvas.offsetTop + y + 14 + "px";
+      tip.style.top = img.offsetTop + y + 14 + "px";
     });
-    canvas.addEventListener("mouseleave", () => (tip.style.display = "none"));
-    new ResizeObserver(() => v && v.terms && (L = draw(canvas, v, P))).observe(root);
+    img.addEventListener("mouseleave", () => (tip.style.display = "none"));
+    new ResizeObserver(() => {
+      if (v && v.terms && width() !== drawnWidth) L = draw(canvas, img, v, P, (drawnWidth = width()));
+    }).observe(root);
     watch("value", render);
     render();
   }
