@@ -317,3 +317,14 @@ def test_figures_of_a_wt103_sized_model_render():
         anatomy_viz.terms_figure(terms, profile, 64, head=(17, 15)),
     ):
         assert anatomy_viz.figure_png(figure)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_unloaded_session_hands_over_the_last_steps_terms():
+    model = _model(vocab=[chr(c) for c in range(97, 123)] + list(" .,\n"), vocab_size=30)
+    s = Session(model, mem_len=6)
+    s.start("hello world.\n")
+    terms = s.step().terms.copy()
+    tensors = s.unload()
+    assert s.last_trace.terms is None and "last_trace.terms" in tensors
+    s.reload(tensors)
+    np.testing.assert_array_equal(s.last_trace.terms, terms)

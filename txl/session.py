@@ -575,9 +575,10 @@ class Session:
 
     def unload(self) -> dict[str, Tensor]:
         """Hand over the memory as named tensors and drop it from the session: the KV
-        memory (KVMemory.to_tensors), the pending logits and the step history's arrays.
-        The text, the settings, the generator and the last step's trace stay. Until
-        reload() with these tensors, the session must not be used."""
+        memory (KVMemory.to_tensors), the pending logits, the step history's arrays and
+        the last step's score terms (a big model's are megabytes). The text, the settings,
+        the generator and the rest of the last step's trace stay. Until reload() with
+        these tensors, the session must not be used."""
         if self._unloaded is not None:
             raise RuntimeError("this session's memory is already unloaded")
         tensors: dict[str, Tensor] = {}
@@ -588,6 +589,9 @@ class Session:
         for i, trace in enumerate(self.history):
             tensors[f"history.{i}.attentions"] = torch.from_numpy(trace.attentions)
             tensors[f"history.{i}.key_positions"] = torch.from_numpy(trace.key_positions)
+        if self.last_trace is not None and self.last_trace.terms is not None:
+            tensors["last_trace.terms"] = torch.from_numpy(self.last_trace.terms)
+            self.last_trace = replace(self.last_trace, terms=None)
         self._unloaded = _Unloaded(
             kv=self.kv is not None,
             history=[replace(t, attentions=None, key_positions=None) for t in self.history],
@@ -611,6 +615,8 @@ class Session:
         )
         self.kv = KVMemory.from_tensors(kv) if self._unloaded.kv else None
         self._logits = tensors.get("next_logits")
+        if "last_trace.terms" in tensors:
+            self.last_trace = replace(self.last_trace, terms=tensors["last_trace.terms"].numpy())
         self.history, self._unloaded = history, None
 
     # ---- the model calls ------------------------------------------------------------
