@@ -34,6 +34,11 @@ def test_step_view_shows_the_four_terms(app_url, browser_page):  # noqa: F811
     assert "Choose one layer and one head" in page.inner_text(TERMS)
     choose(page, "Layer", "layer 1")
     choose(page, "Head", "head 0")
+    # a step taken with all layers shown kept no terms: say so; the next Step keeps them
+    page.wait_for_function(
+        f"document.querySelector('{TERMS}').innerText.includes('This step kept no terms')"
+    )
+    position = step_and_wait(page)
     wait_terms(page, position)
     words = page.inner_text(f"{TERMS} .txl-terms-words")
     assert "Layer 1 head 0 reads by" in words and "(b)+(d) span" in words

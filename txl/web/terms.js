@@ -106,7 +106,8 @@
     if (v.history && v.history[0] > 0)
       return "The four terms are kept for the newest step only (the history keeps each step's "
         + "attention, a quarter of their size): slide back to 0 to see them.";
-    return "This step kept no terms (Generate computes them for its last token only).";
+    return "This step kept no terms: Step again (a Step keeps them when one layer and one "
+      + "head are chosen, Generate for its last token).";
   }
 
   function mountTerms(element, props, watch) {
