@@ -42,8 +42,10 @@ import time  # noqa: E402
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
+from tabs import anatomy as anatomy_tab  # noqa: E402
 from tabs import score as score_tab  # noqa: E402
-from txl import TXLConfig, viz  # noqa: E402
+from tabs.examples import EXAMPLES  # noqa: E402
+from txl import TXLConfig, anatomy_viz, viz  # noqa: E402
 from txl.hub import TXLLoadError  # noqa: E402
 from txl.serve import (  # noqa: E402
     HISTORY_STEPS,
@@ -88,7 +90,7 @@ ATTENTION_TEMPLATE = (
     '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
     'title="Save this view as PNG">⤓ PNG</button></div>'
     f'<div class="txl-empty">{EMPTY_HEATMAP}</div>'
-    '<canvas></canvas><div class="txl-tip"></div></div>'
+    '<canvas></canvas><div class="txl-tip"></div></div><div class="txl-terms"></div>'
 )
 PREDICTIONS_TEMPLATE = (
     '<div class="txl-pred"><div class="txl-empty">Step or Generate to see the next-token '
@@ -139,8 +141,11 @@ class TXLApp(Server):
         if t is None or t.attentions is None:
             return None, None
         layer, head = self.view_choice(s, layer, head)
-        view = viz.attention_view(t, s.pieces, layer, head, HEATMAP_COLUMNS, s.tokenizer.unit)
-        return view, viz.step_summary(t, s.memory_info(), far=s.seg_len)
+        # One layer and one head chosen: its four score terms, as strips and in the summary.
+        terms = anatomy_viz.step_terms(t, layer, head, s.model.layers[0].attn.scale)
+        unit = s.tokenizer.unit
+        view = viz.attention_view(t, s.pieces, layer, head, HEATMAP_COLUMNS, unit, terms=terms)
+        return view, viz.step_summary(t, s.memory_info(), far=s.seg_len, terms=terms)
 
     @staticmethod
     def predictions_view(s: Session, t=None, history=None) -> dict | None:
@@ -249,7 +254,8 @@ class TXLApp(Server):
             if not s.ids or s.prompt != (prompt or ""):
                 self.start(s, prompt)
             self.check_room(s)
-            s.step()
+            # The four score terms (~20 % of a step) only when the view shows them: one head.
+            s.step(terms=None not in self.view_choice(s, layer, head))
             return self.all_views(state, layer, head, started)
 
     def reset(self, state):
@@ -361,8 +367,11 @@ class TXLApp(Server):
                     ui = self.watch_tab()
                 with gr.Tab("Does memory help?", id="score"):
                     ui.update(score_tab.build(self))
+                with gr.Tab("Inside the attention", id="anatomy"):
+                    ui.update(anatomy_tab.build(self, EXAMPLES))
             self.wire(ui, state)
-            api_names = {"score_mem": "mem_len"}  # the score tab's slider
+            anatomy_tab.wire(self, ui, state)
+            api_names = {"score_mem": "mem_len", "anatomy_mem": "mem_len"}  # the tabs' sliders
             name_input_errors((api_names.get(k, k), c) for k, c in ui.items())
         return demo
 
@@ -457,7 +466,9 @@ class TXLApp(Server):
                 ui["attention"] = gr.HTML(
                     None,
                     html_template=ATTENTION_TEMPLATE,
-                    js_on_load="TXL.mountAttention(element, props, watch)",
+                    # txl/web/terms.js: the chosen head's four score terms, under the view
+                    js_on_load="TXL.mountAttention(element, props, watch); "
+                    "TXL.mountTerms(element, props, watch)",
                     head=VIEWS_HEAD,
                     label="Attention of the newest token",
                     elem_id="attention",

@@ -188,8 +188,8 @@ def kv_bytes(model_folder: str, positions: int) -> int:
 
 def balcony() -> str:
     """The Score tab's first example (read from the source: no gradio import needed)."""
-    home = ROOT / "tabs" / "score.py"
-    source = (home if home.exists() else ROOT / "app.py").read_text()
+    homes = [ROOT / "tabs" / "examples.py", ROOT / "tabs" / "score.py", ROOT / "app.py"]
+    source = next(p for p in homes if p.exists()).read_text()
     start = source.index('ROMEO_AND_JULIET = """\\\n') + len('ROMEO_AND_JULIET = """\\\n')
     return source[start : source.index('"""', start)]
 

@@ -115,16 +115,23 @@ def save_word_vocab(words: list[str], out: Path) -> None:
     tokenizer.save_vocabulary(str(out / "model"))
 
 
-def run_case(case: dict) -> None:
+def build_model(case: dict) -> tuple[TransfoXLLMHeadModel, torch.Generator]:
+    """The case's model with peaky weights, in eval mode, saved into OUT/model; and the
+    seeded generator that drew them (it draws the input ids next)."""
     out = Path(case["out"])
     out.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(case.get("seed", 0))
-
-    config = TransfoXLConfig(**case["config"])
-    model = TransfoXLLMHeadModel(config)
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**case["config"]))
     peaky_init(model, case.get("init_std", 0.3), generator)
     model.eval()
     model.save_pretrained(out / "model", safe_serialization=case.get("safe_serialization", True))
+    return model, generator
+
+
+def run_case(case: dict) -> None:
+    out = Path(case["out"])
+    model, generator = build_model(case)
+    config = model.config
     if "words" in case:
         save_word_vocab(case["words"], out)
 
@@ -140,12 +147,14 @@ def run_case(case: dict) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, out / "reference.safetensors")
 
 
-def main() -> None:
+def main(run=run_case) -> None:
+    """Run every case of the spec given as the first argument (tests/peer_terms.py passes
+    its own ``run``)."""
     warnings.filterwarnings("ignore")  # deprecation notices of the TransfoXL port
     torch.set_num_threads(1)
     spec = json.loads(Path(sys.argv[1]).read_text())
     for case in spec["cases"]:
-        run_case(case)
+        run(case)
     print(json.dumps({"done": len(spec["cases"])}))
 
 

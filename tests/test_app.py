@@ -24,7 +24,7 @@ from txl.session import Session  # noqa: E402
 
 VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 SEG_LEN, MEM_LEN = 16, 32
-PUBLIC = {"/generate", "/step", "/reset", "/score", "/load_model"}
+PUBLIC = {"/generate", "/step", "/reset", "/score", "/load_model", "/anatomy"}
 
 
 def tiny_model(folder, n_layer=2, seed=0):
@@ -359,7 +359,7 @@ def test_a_new_score_cancels_the_sessions_running_one(server):
 def test_score_tab_opens_with_an_example_and_checks_the_text_first(server):
     """The first click works (the box is filled); a text it cannot score is refused by
     the private check before /score runs, so the charts stay as they were."""
-    from tabs.score import ROMEO_AND_JULIET
+    from tabs.examples import ROMEO_AND_JULIET
 
     txl_app = server[1]
     demo = txl_app.build()

@@ -146,7 +146,7 @@ def growth_bytes(session: Session, mem_len: int, steps: int) -> int:
     """The most a request can add to a session's RAM, run with memory length mem_len and
     taking ``steps`` steps: a whole new KV buffer (buffers grow by copying, so the old
     and the new are both held for a moment, and a new prompt refills them), the
-    pending logits, and the steps' history and last attention."""
+    pending logits, and the steps' history and the last step's attention and score terms."""
     c, model = session.model.config, session.model
     element = next(model.parameters()).element_size()
     positions = mem_len + session.seg_len
@@ -157,8 +157,9 @@ def growth_bytes(session: Session, mem_len: int, steps: int) -> int:
     history = min(steps, session.history_steps) * step_history
     if session.history_bytes_limit is not None:
         history = min(history, session.history_bytes_limit)
-    last_attention = c.n_layer * c.n_head * keys * 4 if steps else 0  # float32
-    return kv + logits + history + last_attention
+    # float32: the attention [L, H, K] and the four score terms [L, 4, H, K]
+    last_step = 5 * c.n_layer * c.n_head * keys * 4 if steps else 0
+    return kv + logits + history + last_step
 
 
 # ---- the budget ------------------------------------------------------------------------

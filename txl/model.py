@@ -57,6 +57,7 @@ class TXLOutput:
     mems: list[Tensor]  # per layer [B, min(M + T, mem_len), d]: the memory for the next call
     attentions: list[Tensor] | None = None  # per layer [B, H, T, K]; rows sum to 1
     nll: Tensor | None = None  # [B, T] -log p(target) in nats, when targets were given
+    terms: list[Tensor] | None = None  # per layer [4, B, H, T, K]: see score_terms
 
 
 @dataclass
@@ -65,6 +66,7 @@ class CachedOutput:
     memory: KVMemory  # the same object that was passed in, advanced by T positions
     attentions: list[Tensor] | None = None  # per layer [B, H, T, K]
     nll: Tensor | None = None  # [B, T], when targets were given
+    terms: list[Tensor] | None = None  # per layer [4, B, H, T, K]: see score_terms
 
 
 def _fingerprint(params: list[Tensor]) -> tuple[list[int], list[int]]:
@@ -333,6 +335,35 @@ def rel_shift(x: Tensor) -> Tensor:
     return padded.view(*lead, K + 1, T)[..., 1:, :].reshape(*lead, T, K)
 
 
+def score_terms(
+    q: Tensor,  # [B, H, T, Dh] queries
+    k: Tensor,  # [B, H, K, Dh] keys of [memory | segment]
+    r_k: Tensor,  # [H, K, Dh] position keys W_r R for distances K-1 ... 0
+    u: Tensor,  # [H, Dh] global content bias
+    v: Tensor,  # [H, Dh] global position bias
+    mask: Tensor | None,  # [T, K] True where query i must not see key j
+) -> Tensor:
+    """The four terms of the attention score apart, unscaled: [4, B, H, T, K] =
+
+        (a) q_i · k_j   (b) q_i · W_r R_Δ   (c) u · k_j   (d) v · W_r R_Δ,   Δ = M + i - j,
+
+    -inf where the mask hides the key. scale · ((a) + (b) + (c) + (d)) are the scores that
+    the attention softmaxes: the forward pass computes (a)+(c) and (b)+(d) in one product
+    each, which is why the terms are a separate (slower) computation, made only on request.
+    """
+    B, H, T, _ = q.shape
+    terms = q.new_empty(4, B, H, T, k.size(2))  # written in place: no stacked copies
+    terms[0].copy_(q @ k.mT)  # (a) content: [B, H, T, K]
+    terms[2].copy_(u[:, None] @ k.mT)  # (c) global content bias: [B, H, 1, K], every query
+    b = q @ r_k.mT  # (b) content-dependent position, by distance K-1 ... 0
+    d = (v[:, None] @ r_k.mT).expand(B, H, T, -1)  # (d) global position bias: [H, 1, K]
+    if T > 1:  # re-index by key position (one query's row already lines up)
+        b, d = rel_shift(b), rel_shift(d)
+    terms[1].copy_(b)
+    terms[3].copy_(d)
+    return terms if mask is None else terms.masked_fill_(mask, float("-inf"))
+
+
 class RelativePositionalEncoding(nn.Module):
     """R_Δ = [sin(Δ ω) | cos(Δ ω)] for the distances Δ given (all sines, then all cosines)."""
 
@@ -388,7 +419,9 @@ class RelMultiHeadAttention(nn.Module):
         v_bias: Tensor,  # [H, Dh] global position bias (the paper's v)
         mask: Tensor | None,  # [T, K] True where query i must not see key j
         need_probs: bool,
-    ) -> tuple[Tensor, Tensor | None]:
+        need_terms: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(output [B, T, d], attention probabilities or None, score_terms or None)."""
         x = self.norm(h) if self.pre_lnorm else h
         q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))  # [B, H, T, Dh]
         k, v = memory_kv(k, v)  # prepend the memory's keys and values: [B, H, K, Dh]
@@ -405,7 +438,8 @@ class RelMultiHeadAttention(nn.Module):
         attn = (probs @ v).transpose(1, 2).flatten(2)  # [B, T, H*Dh]
         attn = self.drop(self.out(attn))
         h = h + attn if self.pre_lnorm else self.norm(h + attn)
-        return h, (probs if need_probs else None)
+        terms = score_terms(q, k, r_k, u, v_bias, mask) if need_terms else None
+        return h, (probs if need_probs else None), terms
 
 
 class PositionwiseFF(nn.Module):
@@ -434,9 +468,9 @@ class XLLayer(nn.Module):
             self.u = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
             self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
 
-    def forward(self, h, memory_kv, r_k, u, v, mask, need_probs):
-        h, probs = self.attn(h, memory_kv, r_k, u, v, mask, need_probs)
-        return self.ff(h), probs
+    def forward(self, h, memory_kv, r_k, u, v, mask, need_probs, need_terms=False):
+        h, probs, terms = self.attn(h, memory_kv, r_k, u, v, mask, need_probs, need_terms)
+        return self.ff(h), probs, terms
 
 
 class TransformerXL(
@@ -580,16 +614,25 @@ class TransformerXL(
         ):
             raise ValueError(f"token ids must lie in 0..{self.config.vocab_size - 1}")
 
-    def _layers(self, h, memory_kv, r_k, mask, output_attentions):
+    def _layers(self, h, memory_kv, r_k, mask, output_attentions, output_terms=False):
         """Run every layer; memory_kv[l] prepends layer l's memory to its keys and values.
-        Returns the output, each layer's input, and the attentions (or None)."""
-        inputs, attentions = [], []
+        Returns the output, each layer's input, the attentions and the score terms (each
+        None unless asked for)."""
+        inputs, attentions, terms = [], [], []
         for i, layer in enumerate(self.layers):
             inputs.append(h)
             u, v = self.biases(i)
-            h, probs = layer(h, memory_kv[i], r_k[i], u, v, mask, output_attentions)
+            h, probs, layer_terms = layer(
+                h, memory_kv[i], r_k[i], u, v, mask, output_attentions, output_terms
+            )
             attentions.append(probs)
-        return self.drop(h), inputs, (attentions if output_attentions else None)
+            terms.append(layer_terms)
+        return (
+            self.drop(h),
+            inputs,
+            attentions if output_attentions else None,
+            terms if output_terms else None,
+        )
 
     # ---- the forward pass -------------------------------------------------------------
 
@@ -600,9 +643,11 @@ class TransformerXL(
         output_attentions: bool = False,
         mem_len: int | None = None,
         targets: Tensor | None = None,
+        output_terms: bool = False,
     ) -> TXLOutput:
         """input_ids [B, T]; mems None (empty memory) or the previous call's ``out.mems``.
-        targets [B, T] (the next token of each position): return ``nll``, not ``logits``."""
+        targets [B, T] (the next token of each position): return ``nll``, not ``logits``.
+        output_terms: also each layer's four score terms apart (``score_terms``)."""
         self._check_input(input_ids)
         mem_len = self.mem_len if mem_len is None else mem_len
         B, T = input_ids.shape
@@ -621,13 +666,17 @@ class TransformerXL(
         ]
         mask = self.attention_mask(T, M, mem_len, input_ids.device)
 
-        h, inputs, attentions = self._layers(h, memory_kv, r_k, mask, output_attentions)
+        h, inputs, attentions, terms = self._layers(
+            h, memory_kv, r_k, mask, output_attentions, output_terms
+        )
 
         # New memory: each layer's input appended to its old memory, newest mem_len kept.
         with torch.no_grad():
             new_mems = [torch.cat([m, x], dim=1) for m, x in zip(mems, inputs)]
             new_mems = [m[:, max(0, m.size(1) - mem_len) :].detach() for m in new_mems]
-        return TXLOutput(mems=new_mems, attentions=attentions, **self._head(h, targets))
+        return TXLOutput(
+            mems=new_mems, attentions=attentions, terms=terms, **self._head(h, targets)
+        )
 
     # ---- inference: keys and values cached ---------------------------------------------
 
@@ -678,6 +727,22 @@ class TransformerXL(
         self._step_cache = (params, _fingerprint(params), weights)
         return weights
 
+    @staticmethod
+    def _step_terms(q: Tensor, uv: Tensor, keys: Tensor, lo: int, r_k: Tensor) -> Tensor:
+        """score_terms for one query in few ops (as _step stores things): q [B, H, Dh],
+        uv [2, H, Dh] (u, v), keys [B·H, Dh, capacity] key-last of which lo ... lo + K - 1
+        are visible, r_k [H, Dh, K] key-last. Returns [4, B, H, 1, K]."""
+        B, H, Dh = q.shape
+        K = r_k.size(-1)
+        # (a), (c): [q | u] · k_j, one product per batch row and head: [B·H, 2, K]
+        q_u = torch.stack([q, uv[0].expand_as(q)], 2).view(B * H, 2, Dh)
+        a_c = torch.bmm(q_u, keys.narrow(2, lo, K)).view(B, H, 2, K)
+        # (b), (d): [q_1 ... q_B | v] · W_r R_Δ, one product per head: [H, B + 1, K]
+        q_v = torch.cat([q.transpose(0, 1), uv[1].unsqueeze(1)], 1)
+        b_d = torch.bmm(q_v, r_k)
+        b, d = b_d[:, :B].transpose(0, 1), b_d[:, B].expand(B, H, K)
+        return torch.stack([a_c[:, :, 0], b, a_c[:, :, 1], d]).unsqueeze(3)
+
     def _step(
         self,
         input_ids: Tensor,  # [B, 1]
@@ -685,6 +750,7 @@ class TransformerXL(
         output_attentions: bool,
         mem_len: int,
         targets: Tensor | None,
+        output_terms: bool = False,
     ) -> CachedOutput:
         """forward_cached for one token, the generation hot path: the same equations as
         RelMultiHeadAttention / PositionwiseFF, for one query, in few operations.
@@ -709,7 +775,7 @@ class TransformerXL(
         x = self.embed(input_ids).view(B, cfg.d_model)  # [B, d]
         # W_r R for distances K-1 ... 0, key-last: per layer [H, Dh, K]
         r_k = self.position_keys_cached(K, x.device, x.dtype, key_last=True)
-        attentions = []
+        attentions, terms = [], []
         for layer, w in enumerate(self.step_weights()):
             # keys [B, H, Dh, cap] and [B·H, Dh, cap]; values [B, H, cap, Dh], [B·H, cap, Dh]
             keys4, keys, values4, values = memory.step_views(layer)
@@ -736,6 +802,10 @@ class TransformerXL(
                 h = torch.layer_norm(h, *w.norm_attn)
             if output_attentions:  # [B, H, 1, M + 1], hidden keys 0 as in forward's mask
                 attentions.append(F.pad(probs.view(B, H, 1, K), (hidden, 0)))
+            if output_terms:  # score_terms' [4, B, H, 1, M + 1], hidden keys -inf
+                terms.append(self._step_terms(qkv.select(1, 0), w.uv, keys, lo, r_k[layer]))
+                if hidden:
+                    terms[-1] = F.pad(terms[-1], (hidden, 0), value=float("-inf"))
             # ---- feed-forward: h = LN(h + W_2 ReLU(W_1 h + b_1) + b_2)  (or pre-norm)
             a = torch.layer_norm(h, *w.norm_ff) if w.pre_lnorm else h
             inner = torch.addmm(w.b_ff1, a, w.w_ff1).relu_()  # [B, d_inner]
@@ -746,6 +816,7 @@ class TransformerXL(
         return CachedOutput(
             memory=memory,
             attentions=attentions if output_attentions else None,
+            terms=terms if output_terms else None,
             **self._head(x.view(B, 1, -1), targets),
         )
 
@@ -757,6 +828,7 @@ class TransformerXL(
         mem_len: int | None = None,
         targets: Tensor | None = None,
         last_only: bool = False,
+        output_terms: bool = False,
     ) -> CachedOutput:
         """The forward pass for generation: the memory is kept as keys and values.
 
@@ -766,6 +838,7 @@ class TransformerXL(
         it in place). One token (T = 1) takes the lean path ``_step``.
         last_only: logits of the last position only (all that sampling needs; a 64-token
         prompt segment over 267k words would otherwise make 17M scores).
+        output_terms: also each layer's four score terms apart (``score_terms``).
         """
         if self.training:
             raise RuntimeError("forward_cached is for inference: call model.eval() first")
@@ -778,16 +851,23 @@ class TransformerXL(
         memory.reserve((cfg.n_layer, B, cfg.n_head, cfg.d_head), T, weight.dtype, weight.device)
         with torch.inference_mode():
             if T == 1:
-                return self._step(input_ids, memory, output_attentions, mem_len, targets)
+                return self._step(
+                    input_ids, memory, output_attentions, mem_len, targets, output_terms
+                )
             h = self.embed(input_ids)
             M = len(memory)
             r_k = self.position_keys_cached(M + T, h.device, h.dtype)
             mask = self.attention_mask(T, M, mem_len, h.device)
             memory_kv = [memory.extend(layer) for layer in range(cfg.n_layer)]
-            h, _, attentions = self._layers(h, memory_kv, r_k, mask, output_attentions)
+            h, _, attentions, terms = self._layers(
+                h, memory_kv, r_k, mask, output_attentions, output_terms
+            )
             memory.commit(T, mem_len)
             return CachedOutput(
-                memory=memory, attentions=attentions, **self._head(h, targets, last_only)
+                memory=memory,
+                attentions=attentions,
+                terms=terms,
+                **self._head(h, targets, last_only),
             )
 
     # ---- loading: strict, with errors that name the file --------------------------------

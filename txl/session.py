@@ -72,6 +72,10 @@ class StepTrace:
     memory_bytes: int
     latency_ms: float  # wall time of the model call for this step
     memory: bool  # whether memory was on
+    # [n_layer, 4, n_head, K] float32: the new token's score terms (a), (b), (c), (d)
+    # (txl.model.score_terms), -inf on keys same_length hides. The newest step's only: the
+    # history keeps attention alone (the terms are 4x its size).
+    terms: np.ndarray | None = None
     # The next-token distribution this token was drawn from, and (memory on) the memory-off
     # model's over the last seg_len tokens: txl/predictions.py. None: not computed.
     predictions: Predictions | None = None
@@ -397,8 +401,10 @@ class Session:
 
     # ---- generation -----------------------------------------------------------------
 
-    def step(self, capture: bool = True) -> StepTrace:
-        """Sample one token from the pending logits, append it, run the model on it."""
+    def step(self, capture: bool = True, terms: bool = True) -> StepTrace:
+        """Sample one token from the pending logits, append it, run the model on it.
+        capture: keep its attention (and, with ``terms``, its score terms: they read the
+        keys a second time, ~10-30 % of a step)."""
         if self._logits is None:
             self.start("")
         token = int(
@@ -420,11 +426,11 @@ class Session:
         t0 = time.perf_counter()
         if self._memory_on:
             n_memory = len(self.kv)  # memory positions [position - n_memory, position)
-            attentions = self._forward_memory([token], capture)
+            attentions, terms = self._forward_memory([token], capture, terms)
             first_key = position - n_memory
         else:
             n_memory = 0
-            attentions = self._forward_window(capture)
+            attentions, terms = self._forward_window(capture, terms)
             first_key = len(self.ids) - min(len(self.ids), self._seg_len)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -432,6 +438,8 @@ class Session:
 
         if attentions is not None:  # the last query's row: per layer [H, K] -> [L, H, K]
             attentions = torch.stack([a[0, :, -1] for a in attentions]).float().cpu().numpy()
+        if terms is not None:  # per layer [4, H, K] -> [L, 4, H, K]
+            terms = torch.stack([t[:, 0, :, -1] for t in terms]).float().cpu().numpy()
         self.last_trace = StepTrace(
             token_id=token,
             char=self.pieces[position],
@@ -443,6 +451,7 @@ class Session:
             memory_bytes=self._memory_bytes(),
             latency_ms=latency_ms,
             memory=self._memory_on,
+            terms=terms,
             predictions=predicted,
         )
         if attentions is not None:
@@ -463,6 +472,7 @@ class Session:
             trace,
             attentions=trace.attentions.astype(np.float16),
             key_positions=trace.key_positions.astype(np.int32),
+            terms=None,
         )
         self.history.append(kept)
         self._history_bytes += _trace_bytes(kept)
@@ -484,12 +494,14 @@ class Session:
 
     def generate(self, n: int, capture_last_only: bool = True) -> Iterator[StepTrace]:
         """n steps, yielding each trace. capture_last_only: only the last step captures
-        attention (the others pay nothing for it); False: every step does."""
+        attention (the others pay nothing for it); False: every step does. Only the last
+        step computes its score terms (the history does not keep them)."""
         n = _as_int("n", n, 0)  # checked now, not at the first next()
 
         def steps() -> Iterator[StepTrace]:
             for i in range(n):
-                yield self.step(capture=not capture_last_only or i == n - 1)
+                last = i == n - 1
+                yield self.step(capture=not capture_last_only or last, terms=last)
 
         return steps()
 
@@ -648,12 +660,13 @@ class Session:
     def resident_bytes(self) -> int:
         """Bytes of the tensors this session holds in RAM besides the model's: its KV
         buffers (spare room included: it is allocated), the pending logits, the step
-        history and the last step's attention. 0 for what is unloaded."""
+        history and the last step's attention and terms. 0 for what is unloaded."""
         kv = self.kv.buffer_bytes if self.kv else 0
         logits = self._logits.nbytes if self._logits is not None else 0
         history = 0 if self._unloaded else self._history_bytes
         t = self.last_trace
         last = t.attentions.nbytes if t is not None and t.attentions is not None else 0
+        last += t.terms.nbytes if t is not None and t.terms is not None else 0
         return kv + logits + history + last
 
     @property
@@ -663,9 +676,10 @@ class Session:
 
     def unload(self) -> dict[str, Tensor]:
         """Hand over the memory as named tensors and drop it from the session: the KV
-        memory (KVMemory.to_tensors), the pending logits and the step history's arrays.
-        The text, the settings, the generator and the last step's trace stay. Until
-        reload() with these tensors, the session must not be used."""
+        memory (KVMemory.to_tensors), the pending logits, the step history's arrays and
+        the last step's score terms (a big model's are megabytes). The text, the settings,
+        the generator and the rest of the last step's trace stay. Until reload() with
+        these tensors, the session must not be used."""
         if self._unloaded is not None:
             raise RuntimeError("this session's memory is already unloaded")
         tensors: dict[str, Tensor] = {}
@@ -676,6 +690,9 @@ class Session:
         for i, trace in enumerate(self.history):
             tensors[f"history.{i}.attentions"] = torch.from_numpy(trace.attentions)
             tensors[f"history.{i}.key_positions"] = torch.from_numpy(trace.key_positions)
+        if self.last_trace is not None and self.last_trace.terms is not None:
+            tensors["last_trace.terms"] = torch.from_numpy(self.last_trace.terms)
+            self.last_trace = replace(self.last_trace, terms=None)
         self._unloaded = _Unloaded(
             kv=self.kv is not None,
             history=[replace(t, attentions=None, key_positions=None) for t in self.history],
@@ -699,6 +716,8 @@ class Session:
         )
         self.kv = KVMemory.from_tensors(kv) if self._unloaded.kv else None
         self._logits = tensors.get("next_logits")
+        if "last_trace.terms" in tensors:
+            self.last_trace = replace(self.last_trace, terms=tensors["last_trace.terms"].numpy())
         self.history, self._unloaded = history, None
 
     # ---- the model calls ------------------------------------------------------------
@@ -730,29 +749,41 @@ class Session:
             self.kv.shrink(max(16, self._mem_len // 4))
 
     @torch.no_grad()
-    def _forward_memory(self, ids: list[int], capture: bool) -> list[Tensor] | None:
-        """One segment [1, T] over the KV memory, which it joins. Sets the pending logits."""
+    def _forward_memory(self, ids: list[int], capture: bool, terms: bool = False) -> tuple:
+        """One segment [1, T] over the KV memory, which it joins. Sets the pending logits.
+        Returns the model call's (attentions, score terms): None unless capture (and
+        terms)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, T]
         keys = len(self.kv) + len(ids)  # what the last query attends over
         out = self.model.forward_cached(
-            x, self.kv, output_attentions=capture, mem_len=self._mem_len, last_only=True
+            x,
+            self.kv,
+            output_attentions=capture,
+            mem_len=self._mem_len,
+            last_only=True,
+            output_terms=capture and terms,
         )
         self._n_fed += len(ids)
         self._logits = out.logits[0, -1]  # [vocab]
         if self.model.config.same_length and keys > self._mem_len:
             keys = max(self._mem_len, 1)  # same_length hides the oldest (never the query)
         self._context = keys
-        return out.attentions
+        return out.attentions, out.terms
 
     @torch.no_grad()
-    def _forward_window(self, capture: bool) -> list[Tensor] | None:
+    def _forward_window(self, capture: bool, terms: bool = False) -> tuple:
         """The vanilla model: the last seg_len tokens alone, from scratch. Sets the pending
         logits. mem_len = the window, so that same_length hides nothing inside it."""
         window = self.ids[-self._seg_len :]
         x = torch.tensor([window], dtype=torch.long, device=self.device)  # [1, W]
         out = self.model.forward_cached(
-            x, None, output_attentions=capture, mem_len=len(window), last_only=True
+            x,
+            None,
+            output_attentions=capture,
+            mem_len=len(window),
+            last_only=True,
+            output_terms=capture and terms,
         )
         self._logits = out.logits[0, -1]  # [vocab]
         self._context = len(window)
-        return out.attentions
+        return out.attentions, out.terms

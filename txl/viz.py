@@ -251,6 +251,7 @@ def attention_view(
     max_cols: int = 160,
     unit: str = "character",
     history: tuple[int, int] | None = None,
+    terms: dict | None = None,
 ) -> dict:
     """The newest token's attention over its keys, as the browser's attention view draws it.
 
@@ -260,6 +261,8 @@ def attention_view(
     column c; ``mass[r]`` the row's share on memory. Key columns carry the text position
     of their first and last key (distance = pos - position) and a label.
     ``history``: (steps back, steps kept), when the view shows an earlier step.
+    ``terms``: the chosen head's four score terms (txl.anatomy_viz.step_terms), drawn as
+    strips under the view by txl/web/terms.js.
     """
     if trace.attentions is None:
         raise ValueError("this step did not capture its attention")
@@ -290,6 +293,7 @@ def attention_view(
         "n_mem_cols": sum(1 for a, _ in buckets if a < trace.n_memory),
         "n_keys": int(keys.size),
         "history": list(history) if history else None,
+        "terms": terms,
     }
 
 
@@ -573,9 +577,13 @@ SWEEP_PENDING = "⏳ **How far back does it read?** Scoring the text with memori
 # ---- plain data ----------------------------------------------------------------------
 
 
-def step_summary(trace, info: dict | None = None, far: int | None = None) -> dict:
+def step_summary(
+    trace, info: dict | None = None, far: int | None = None, terms: dict | None = None
+) -> dict:
     """A small JSON-able summary of a step: what the newest token could see (and, with
-    ``far``, the share of attention on keys ``far`` or more tokens back)."""
+    ``far``, the share of attention on keys ``far`` or more tokens back). ``terms``: the
+    chosen head's four score terms (txl.anatomy_viz.step_terms; None unless one layer and
+    one head are chosen)."""
     keys = np.asarray(trace.key_positions)
     out = {
         "position": int(trace.position),
@@ -588,6 +596,7 @@ def step_summary(trace, info: dict | None = None, far: int | None = None) -> dic
         "memory_tokens": int(trace.memory_tokens),
         "memory_bytes": int(trace.memory_bytes),
         "latency_ms": round(float(trace.latency_ms), 3),
+        "terms": terms,
     }
     if trace.attentions is not None:
         mass = memory_mass(trace.attentions, trace.n_memory).mean(axis=1)

@@ -1,0 +1,79 @@
+"""The example texts the tabs offer (plain data: no Gradio, so benchmarks can read it)."""
+
+# Public domain: Shakespeare, Romeo and Juliet, act 2 scene 2 (the balcony scene).
+ROMEO_AND_JULIET = """\
+ROMEO:
+But, soft! what light through yonder window breaks?
+It is the east, and Juliet is the sun.
+Arise, fair sun, and kill the envious moon,
+Who is already sick and pale with grief,
+That thou her maid art far more fair than she:
+Be not her maid, since she is envious;
+Her vestal livery is but sick and green
+And none but fools do wear it; cast it off.
+It is my lady, O, it is my love!
+O, that she knew she were!
+She speaks yet she says nothing: what of that?
+Her eye discourses; I will answer it.
+I am too bold, 'tis not to me she speaks:
+Two of the fairest stars in all the heaven,
+Having some business, do entreat her eyes
+To twinkle in their spheres till they return.
+What if her eyes were there, they in her head?
+The brightness of her cheek would shame those stars,
+As daylight doth a lamp; her eyes in heaven
+Would through the airy region stream so bright
+That birds would sing and think it were not night.
+See, how she leans her cheek upon her hand!
+O, that I were a glove upon that hand,
+That I might touch that cheek!
+
+JULIET:
+Ay me!
+
+ROMEO:
+She speaks:
+O, speak again, bright angel! for thou art
+As glorious to this night, being o'er my head
+As is a winged messenger of heaven
+Unto the white-upturned wondering eyes
+Of mortals that fall back to gaze on him
+When he bestrides the lazy-pacing clouds
+And sails upon the bosom of the air.
+
+JULIET:
+O Romeo, Romeo! wherefore art thou Romeo?
+Deny thy father and refuse thy name;
+Or, if thou wilt not, be but sworn my love,
+And I'll no longer be a Capulet.
+
+ROMEO:
+Shall I hear more, or shall I speak at this?
+
+JULIET:
+'Tis but thy name that is my enemy;
+Thou art thyself, though not a Montague.
+What's Montague? it is nor hand, nor foot,
+Nor arm, nor face, nor any other part
+Belonging to a man. O, be some other name!
+What's in a name? that which we call a rose
+By any other name would smell as sweet;
+So Romeo would, were he not Romeo call'd,
+Retain that dear perfection which he owes
+Without that title. Romeo, doff thy name,
+And for that name which is no part of thee
+Take all myself.
+"""
+
+# Public domain: Shakespeare, Sonnet 18, its first quatrain twice. The second copy is
+# within reach of a 128-token memory: watch its surprisal drop when memory is on.
+_QUATRAIN = """\
+Shall I compare thee to a summer's day?
+Thou art more lovely and more temperate:
+Rough winds do shake the darling buds of May,
+And summer's lease hath all too short a date.
+"""
+REPEATED = _QUATRAIN + "\n" + _QUATRAIN
+
+# The texts the tabs offer, by label: the first fills the text boxes when the page opens.
+EXAMPLES = {"Romeo and Juliet, the balcony scene": ROMEO_AND_JULIET, "A quatrain, twice": REPEATED}
