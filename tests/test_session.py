@@ -30,9 +30,8 @@ TEXT = "abc abd\nabe fgh hag bad cab deaf\nface"  # 37 characters
 
 
 def tiny_model(vocab=VOCAB, std=0.3, seed=0, **overrides) -> TransformerXL:
-    cfg = dict(
-        d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=32, tgt_len=4, mem_len=6, dropout=0.0
-    )
+    cfg = dict(d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=32, tgt_len=4, mem_len=6,
+               dropout=0.0)
     cfg.update(overrides)
     with torch.random.fork_rng():  # the global generator is other tests' business
         torch.manual_seed(seed)
@@ -69,38 +68,23 @@ def full_forward(model, ids) -> torch.Tensor:
 def state(s: Session):
     """Everything a failed call must leave unchanged."""
     kv = None if s.kv is None else [k[:, :, s.kv.start : s.kv.end].clone() for k in s.kv.k]
-    return (
-        s.text,
-        list(s.ids),
-        s.memory,
-        s.mem_len,
-        s.seg_len,
-        s.temperature,
-        s.top_k,
-        s.top_p,
-        s.seed,
-        s.memory_info(),
-        kv,
-        s.generator.get_state(),
-    )
+    return (s.text, list(s.ids), s.memory, s.mem_len, s.seg_len, s.temperature, s.top_k,
+            s.top_p, s.seed, s.memory_info(), kv, s.generator.get_state())
 
 
 def same_state(a, b) -> bool:
     *plain_a, kv_a, gen_a = a
     *plain_b, kv_b, gen_b = b
     same_kv = (kv_a is None and kv_b is None) or (
-        kv_a is not None and kv_b is not None and all(map(torch.equal, kv_a, kv_b))
-    )
+        kv_a is not None and kv_b is not None and all(map(torch.equal, kv_a, kv_b)))
     return plain_a == plain_b and same_kv and torch.equal(gen_a, gen_b)
 
 
 # ---- exactness --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [{}, {"pre_lnorm": True}, {"untie_r": False}, {"same_length": True}, {"clamp_len": 5}],
-)
+@pytest.mark.parametrize("variant", [{}, {"pre_lnorm": True}, {"untie_r": False},
+                                     {"same_length": True}, {"clamp_len": 5}])
 def test_memory_step_equals_forward_over_everything(variant):
     """mem_len longer than the text: the memory covers all of it, so the cached step
     (fed in segments of 4, then one token at a time) is one causal forward over it all."""
@@ -154,14 +138,8 @@ def test_memory_off_is_a_forward_over_the_last_window(peaky):
         assert trace.key_positions.tolist() == list(range(len(s.ids) - 5, len(s.ids)))
     info = s.memory_info()
     assert info.pop("history_steps") == 4 and info.pop("history_bytes") > 0
-    assert info == {
-        "memory": False,
-        "tokens": 0,
-        "mem_len": 6,
-        "bytes": 0,
-        "span": (len(s.ids), len(s.ids)),
-        "context": 5,
-    }
+    assert info == {"memory": False, "tokens": 0, "mem_len": 6, "bytes": 0,
+                    "span": (len(s.ids), len(s.ids)), "context": 5}
 
 
 def test_trace_lines_up_with_the_text(peaky):
@@ -190,16 +168,10 @@ def test_trace_with_a_full_memory(peaky):
     assert trace.key_positions.tolist() == list(range(14, 21))  # 6 memory + the new token
     assert trace.attentions.shape == (2, 2, 7) and trace.memory_tokens == 6
     np.testing.assert_allclose(trace.attentions.sum(-1), 1.0, atol=1e-5)
-    assert s.memory_info() == {
-        "memory": True,
-        "tokens": 6,
-        "mem_len": 6,
-        "bytes": s.kv.nbytes,
-        "span": (15, 21),
-        "context": 7,
-        "history_steps": 1,
-        "history_bytes": trace.attentions.size * 2 + 7 * 4,
-    }
+    assert s.memory_info() == {"memory": True, "tokens": 6, "mem_len": 6,
+                               "bytes": s.kv.nbytes, "span": (15, 21), "context": 7,
+                               "history_steps": 1,
+                               "history_bytes": trace.attentions.size * 2 + 7 * 4}
 
 
 def test_mem_len_zero_sees_only_the_new_token(peaky):
@@ -442,15 +414,8 @@ def test_invalid_settings_raise_and_change_nothing(peaky, call):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [
-        {"temperature": -1},
-        {"temperature": math.nan},
-        {"top_k": -2},
-        {"top_p": 0},
-        {"top_p": 1.01},
-        {"mem_len": -1},
-        {"seg_len": 0},
-    ],
+    [{"temperature": -1}, {"temperature": math.nan}, {"top_k": -2}, {"top_p": 0},
+     {"top_p": 1.01}, {"mem_len": -1}, {"seg_len": 0}],
 )
 def test_invalid_constructor_arguments(peaky, kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -511,7 +476,6 @@ def test_score_drops_unknowns_and_handles_short_texts(peaky):
 
 # ---- properties ---------------------------------------------------------------------------
 
-
 @functools.cache
 def property_model(vocab: tuple[str, ...]) -> TransformerXL:
     return tiny_model(vocab=list(vocab), n_layer=1, d_model=8, d_head=4, d_inner=8)
@@ -521,12 +485,8 @@ CHARS = st.sampled_from(list("abcdefgh \n?X\té\x00😀"))
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    prompt=st.text(CHARS, max_size=12),
-    more=st.lists(st.text(CHARS, max_size=9), max_size=3),
-    vocab=st.sampled_from([VOCAB, VOCAB_Q]),
-    memory=st.booleans(),
-)
+@given(prompt=st.text(CHARS, max_size=12), more=st.lists(st.text(CHARS, max_size=9), max_size=3),
+       vocab=st.sampled_from([VOCAB, VOCAB_Q]), memory=st.booleans())
 def test_any_text_feeds_cleanly(prompt, more, vocab, memory):
     model = property_model(tuple(vocab))
     s = Session(model, memory=memory, mem_len=5, seg_len=3)
@@ -541,6 +501,7 @@ def test_any_text_feeds_cleanly(prompt, more, vocab, memory):
     start, end = s.memory_info()["span"]
     assert end == len(s.ids) and end - start == (min(5, len(s.ids)) if memory else 0)
     assert s.step(capture=False).position == len(s.ids) - 1
+
 
 
 # ---- three ways of reading, and how far back ----------------------------------------------
@@ -695,10 +656,7 @@ def test_history_keeps_only_the_steps_that_captured_attention(peaky):
         assert kept.attentions.dtype == np.float16 and kept.key_positions.dtype == np.int32
         assert kept.key_positions.tolist() == trace.key_positions.tolist()
         assert (kept.token_id, kept.char, kept.n_memory) == (
-            trace.token_id,
-            trace.char,
-            trace.n_memory,
-        )
+            trace.token_id, trace.char, trace.n_memory)
         # float16: a relative precision of 2**-11, weights <= 1
         np.testing.assert_allclose(kept.attentions, trace.attentions, rtol=2**-10, atol=1e-4)
     np.testing.assert_allclose(s.history[-1].attentions, s.last_trace.attentions, atol=1e-3)
