@@ -153,23 +153,28 @@ def stop_app(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run_session(
-    url: str, steps: int, fill: int, seed: int, results: dict, barrier, texts: dict
-) -> None:
-    """Session `seed`: its own prompt and seed; Generate `fill` characters, then Step."""
+def api_client(url: str, timeout: float):
+    """A gradio_client Client for benchmarks and tests. ssl_verify=False: gradio_client
+    otherwise builds an SSL context (reads the CA bundle) for every request, 4x the CPU of
+    the app's own work, on the same cores. timeout (s, per HTTP request): httpx's default
+    of 5 s fails a request on a loaded machine where the app is only slow."""
     from gradio_client import Client
 
-    # ssl_verify=False: gradio_client otherwise builds an SSL context (reads the CA bundle)
-    # for every request: 4x the CPU of the app's own work, on the same cores.
-    # timeout: httpx's default 5 s fails a request on a loaded machine; here it is measured.
-    client = Client(
+    return Client(
         url,
         verbose=False,
         analytics_enabled=False,
         download_files=False,
         ssl_verify=False,
-        httpx_kwargs={"timeout": 120},
+        httpx_kwargs={"timeout": timeout},
     )
+
+
+def run_session(
+    url: str, steps: int, fill: int, seed: int, results: dict, barrier, texts: dict
+) -> None:
+    """Session `seed`: its own prompt and seed; Generate `fill` characters, then Step."""
+    client = api_client(url, timeout=120)
     prompt = f"{NAMES[seed % len(NAMES)]}:\n"
     settings = dict(memory=True, temperature=0.8, top_k=0, top_p=1.0, seed=seed)
     try:

@@ -46,7 +46,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_app import percentile, run_session, start_app, stop_app  # noqa: E402
+from bench_app import api_client, percentile, run_session, start_app, stop_app  # noqa: E402
 from bench_soak import balcony  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,16 +68,7 @@ def load() -> str:
 
 
 def client_for(url: str):
-    from gradio_client import Client
-
-    return Client(
-        url,
-        verbose=False,
-        analytics_enabled=False,
-        download_files=False,
-        ssl_verify=False,
-        httpx_kwargs={"timeout": 600},
-    )
+    return api_client(url, timeout=600)
 
 
 def kind_of(numbers) -> str:

@@ -5,6 +5,7 @@
 #
 #   scripts/stress-tests.sh             # 6 runs: quiet, burned, quiet, burned, ...
 #   RUNS=2 scripts/stress-tests.sh tests/test_browser.py    # any pytest arguments
+#   FIRST=burned RUNS=1 scripts/stress-tests.sh             # start with the burned run
 #
 # "Burned": one busy Python loop per core (nproc), at the same priority as the tests,
 # started before the run and stopped after it. Each run's output is kept in
@@ -13,6 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS="${RUNS:-6}"
+FIRST="${FIRST:-quiet}"  # the first run's machine: quiet or burned; then they alternate
+offset=0
+[ "$FIRST" = burned ] && offset=1
 PY="${PY:-.venv/bin/python}"
 LOGS=test-output/stress
 mkdir -p "$LOGS"
@@ -35,7 +39,7 @@ failed=0
 printf '%-4s %-7s %8s %-14s %s\n' run machine seconds "load (1 min)" result
 for i in $(seq "$RUNS"); do
   mode=quiet
-  if [ $((i % 2)) -eq 0 ]; then
+  if [ $(((i + offset) % 2)) -eq 0 ]; then
     mode=burned
     start_burners
   fi

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
+from benchmarks.bench_app import api_client  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
 from txl import serve as txl_serve  # noqa: E402
 from txl.session import Session  # noqa: E402
@@ -61,18 +62,9 @@ def serve(txl_app: app.TXLApp):
 
 
 def new_client(url: str) -> Client:
-    """A gradio_client Client for the tests. timeout: httpx's default of 5 s per request
-    fails a test on a loaded machine while the app is only slow (a real hang is stopped by
-    pytest-timeout). ssl_verify=False: gradio_client otherwise builds an SSL context
-    (reading the CA bundle) for each request, more CPU than the app's own work here."""
-    return Client(
-        url,
-        verbose=False,
-        analytics_enabled=False,
-        download_files=False,
-        ssl_verify=False,
-        httpx_kwargs={"timeout": 300},
-    )
+    """A gradio_client Client for the tests: 300 s per request, patient on a loaded
+    machine (a real hang is stopped by pytest-timeout)."""
+    return api_client(url, timeout=300)
 
 
 @pytest.fixture(scope="module")
