@@ -8,23 +8,43 @@ import threading
 import pytest
 import torch
 
+from txl import longwork
 from txl.longwork import JobCancelled, Traffic
 
 
-def calibrated(traffic: Traffic, faster: int) -> Traffic:
-    """Two chunks alike (one thread, then two) where ``faster`` threads take less time."""
-    import time
+class FakeClock:
+    """txl.longwork's clock, advanced by the test: a chunk "takes" exactly the time the
+    test says, however busy the machine (a real sleep of 1 ms can last 20 ms there)."""
 
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(longwork, "time", fake)
+    return fake
+
+
+def calibrated(traffic: Traffic, faster: int, clock: FakeClock) -> Traffic:
+    """Two chunks alike (one thread, then two) where ``faster`` threads take less time."""
     job = traffic.start_job()
     for expected in (1, 2):
         with job.turn(work=1) as threads:
             assert threads == expected
-            time.sleep(0.001 if threads == faster else 0.02)
+            clock.advance(0.001 if threads == faster else 0.02)
     return traffic
 
 
-def test_a_chunk_spreads_only_when_no_short_request_runs():
-    traffic = calibrated(Traffic(base_threads=1, long_threads=2), faster=2)
+def test_a_chunk_spreads_only_when_no_short_request_runs(clock):
+    traffic = calibrated(Traffic(base_threads=1, long_threads=2), faster=2, clock=clock)
     job = traffic.start_job()
     with job.turn() as threads:
         assert threads == 2 and torch.get_num_threads() == 2
@@ -36,8 +56,8 @@ def test_a_chunk_spreads_only_when_no_short_request_runs():
     assert torch.get_num_threads() == 1
 
 
-def test_only_one_long_job_spreads_at_a_time():
-    traffic = calibrated(Traffic(base_threads=1, long_threads=2), faster=2)
+def test_only_one_long_job_spreads_at_a_time(clock):
+    traffic = calibrated(Traffic(base_threads=1, long_threads=2), faster=2, clock=clock)
     first, second = traffic.start_job(), traffic.start_job()
     with first.turn() as a, second.turn() as b:
         assert (a, b) == (2, 1)
@@ -99,13 +119,11 @@ def test_a_new_job_of_the_same_owner_cancels_the_old_one_even_while_it_pauses():
         pass  # pragma: no cover
 
 
-def test_a_long_job_keeps_one_thread_while_two_do_not_pay():
+def test_a_long_job_keeps_one_thread_while_two_do_not_pay(clock):
     """Chunks alike (work=1) where two threads are slower (other processes hold the
     cores; here the chunk just takes longer with two): one thread is measured, then two,
     then one is kept; two are tried again after PROBE_EVERY chunks, then after twice as
     many since the try confirmed the choice. Chunks without work= take the choice."""
-    import time
-
     from txl.longwork import PROBE_EVERY
 
     traffic = Traffic(base_threads=1, long_threads=2)
@@ -115,7 +133,7 @@ def test_a_long_job_keeps_one_thread_while_two_do_not_pay():
     for _ in range(3 * PROBE_EVERY):
         with job.turn(work=1) as threads:
             used.append(threads)
-            time.sleep(0.02 if threads == 2 else 0.001)  # the chunk's work, slower spread
+            clock.advance(0.02 if threads == 2 else 0.001)  # the chunk's work, slower spread
     assert used[:2] == [1, 2]
     first_try = 2 + PROBE_EVERY - 1  # counted in chunks on free cores (the first included)
     assert used[2:first_try] == [1] * (first_try - 2) and used[first_try] == 2
