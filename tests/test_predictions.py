@@ -297,7 +297,7 @@ def test_generate_streams_predictions_and_history_shows_each_steps(client, app_s
 
     monkeypatch.setattr(app, "STREAM_EVERY_S", 0.0)  # read at call time: every step streams
     job = client.submit(prompt="A", n_tokens=100, **settings(), api_name="/generate")
-    final = job.result(timeout=120)
+    final = job.result(timeout=300)
     streamed = [out for out in job.outputs()[:-1] if isinstance(out[5], dict)]
     assert len(streamed) > 1
     for out in streamed + [final]:  # each summary is of the step its text ends with
