@@ -207,6 +207,12 @@ class ContextSweep:
     effective: int | None  # the shortest memory within ``tolerance`` of the best bpc
     tolerance: float  # relative: 0.01 = within 1 %
 
+    @classmethod
+    def of(cls, mem_lens, bpc, seconds, seg_len: int, tolerance: float) -> ContextSweep:
+        """The sweep of these measurements, its effective context computed from them."""
+        effective = effective_context(mem_lens, bpc, tolerance)
+        return cls(list(mem_lens), bpc, seconds, seg_len, effective, tolerance)
+
 
 def effective_context(mem_lens, bpc, tolerance: float = 0.01) -> int | None:
     """The shortest memory length whose bpc is within ``tolerance`` (relative) of the best:
@@ -237,11 +243,4 @@ def context_sweep(
         bits = stream_nll(model, streams, seg_len, n)[0] / math.log(2)
         seconds.append(time.perf_counter() - t0)
         bpc.append(mean_or_nan(bits))
-    return ContextSweep(
-        mem_lens=lengths,
-        bpc=bpc,
-        seconds=seconds,
-        seg_len=seg_len,
-        effective=effective_context(lengths, bpc, tolerance),
-        tolerance=tolerance,
-    )
+    return ContextSweep.of(lengths, bpc, seconds, seg_len, tolerance)

@@ -50,7 +50,6 @@ from .scoring import (
     SLIDING_BATCH,
     ContextSweep,
     context_sweep,
-    effective_context,
     mean_or_nan,
     sliding_chunks,
     sliding_nll,
@@ -598,14 +597,7 @@ class Session:
                     known[n] = (mean_or_nan(bits), took)
                 bpc.append(known[n][0])
                 seconds.append(known[n][1])
-            swept = ContextSweep(
-                mem_lens=lengths,
-                bpc=bpc,
-                seconds=seconds,
-                seg_len=seg_len,
-                effective=effective_context(lengths, bpc, tolerance),
-                tolerance=tolerance,
-            )
+            swept = ContextSweep.of(lengths, bpc, seconds, seg_len, tolerance)
             yield ScoreStage("sweep", result, swept, total=total)
 
         if sliding:
