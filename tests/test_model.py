@@ -369,6 +369,30 @@ def test_forward_cached_equals_forward(overrides):
     assert max_diff(torch.cat(pieces, dim=1), expected) <= TOL
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"pre_lnorm": True}, {"same_length": True, "mem_len": 6}, {"untie_r": False}],
+)
+def test_forward_cached_last_only_is_the_last_row(overrides):
+    """last_only runs the top layer for the last query alone: the same last logits as a
+    full forward, and the same memory after it (every position's keys and values are
+    still made), segment after segment."""
+    model = tiny_model(**overrides)
+    ids = random_ids(2, 26, seed=5)
+    full = lean = None
+    start = 0
+    for length in [7, 1, 9, 9]:
+        segment = ids[:, start : start + length]
+        full = model.forward_cached(segment, full)
+        out = model.forward_cached(segment, lean, last_only=True)
+        lean, start = out.memory, start + length
+        assert out.logits.shape == (2, 1, VOCAB)
+        assert max_diff(out.logits, full.logits[:, -1:]) <= TOL
+        full = full.memory
+        for a, b in zip(full.k + full.v, lean.k + lean.v):
+            assert max_diff(a[:, :, full.start : full.end], b[:, :, lean.start : lean.end]) <= TOL
+
+
 def test_forward_cached_follows_a_clamp_len_changed_at_run_time():
     """The cached table of position keys must not outlive a change of clamp_len."""
     model = TransformerXL(tiny_config())

@@ -553,9 +553,9 @@ def test_score_stages_come_fastest_first_and_end_in_the_whole_score(peaky):
     paced = []
 
     @contextmanager
-    def pace(work=None):
+    def pace(work=None, tasks=1):
         paced.append(work)
-        yield
+        yield 2 if tasks > 1 else 1  # the reads two by two, side by side
 
     stages = list(s.score_stages(text, pace=pace))
     kinds = [stage.kind for stage in stages]
@@ -566,12 +566,12 @@ def test_score_stages_come_fastest_first_and_end_in_the_whole_score(peaky):
     progress = [(stage.done, stage.total) for stage in stages if stage.kind == "sliding"]
     assert [d for d, _ in progress] == sorted({d for d, _ in progress})
     assert progress[-1] == (len(text) - 1, len(text) - 1)
-    # Every chunk of work ran inside pace(): the reads, the sweep's other lengths, the
-    # sliding window's chunks.
-    swept = len(set(sweep.sweep.mem_lens) - {0, 6})
-    assert len(paced) == 2 + swept + n_sliding
-    assert paced[: 2 + swept] == [None] * (2 + swept)  # the sliding chunks say their size
-    assert all(0 < work <= SLIDING_BATCH for work in paced[2 + swept :])
+    # Every chunk of work ran inside pace(): the warm-up, the two reads (one chunk), the
+    # sweep's other lengths two by two, the sliding window's chunks.
+    reads_chunks = 2 + math.ceil(len(set(sweep.sweep.mem_lens) - {0, 6}) / 2)
+    assert len(paced) == reads_chunks + n_sliding
+    assert paced[:reads_chunks] == [None] * reads_chunks  # the sliding chunks say their size
+    assert all(0 < work <= SLIDING_BATCH for work in paced[reads_chunks:])
 
     whole = s.score(text)
     np.testing.assert_allclose(done.result.bits_sliding, whole.bits_sliding, atol=1e-5)
@@ -589,20 +589,21 @@ def test_score_stages_stop_where_pace_raises(peaky):
     class Stop(Exception):
         pass
 
-    calls = []
+    calls, cancelled = [], []
 
     @contextmanager
-    def pace(work=None):
-        calls.append(1)
-        if len(calls) == 3:
+    def pace(work=None, tasks=1):
+        calls.append(bool(cancelled))
+        if cancelled:
             raise Stop
-        yield
+        yield 1
 
     stages = Session(peaky, mem_len=6, seg_len=4).score_stages(TEXT, pace=pace)
     assert next(stages).kind == "reads"
+    cancelled.append(True)
     with pytest.raises(Stop):
         next(stages)
-    assert len(calls) == 3
+    assert calls.count(True) == 1  # nothing ran after the chunk that raised
 
 
 def test_context_sweep_lengths_and_effective_context(peaky):

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .longwork import side_by_side
 from .model import KVMemory, TransformerXL
 from .predictions import MemoryEffect, Predictions, predictions, window_logits
 from .sampling import sample_next
@@ -546,9 +547,11 @@ class Session:
         "sliding" after every chunk of the sliding window (characters done, total, seconds
         left), and "done" (the whole ScoreResult). ``pace``: a context-manager factory
         around each chunk of work (txl.longwork's ``job.turn``: threads, pauses, cancel);
-        the sliding window's chunks, all alike, pass ``work=`` their windows.
+        the sliding window's chunks, all alike, pass ``work=`` their windows; the reads
+        (one per memory length) pass ``tasks=`` how many are left, and run as many side by
+        side as the turn yields (``txl.longwork.side_by_side``: one core each).
         The sweep reuses the two reads for memory 0 and mem_len: the same computation."""
-        pace = pace or (lambda work=None: nullcontext())
+        pace = pace or (lambda work=None, tasks=1: nullcontext(1))
         ids, unknown = self.encode(text)
         ids = torch.tensor(ids, dtype=torch.long)  # [L]
         streams = ids.view(1, -1)  # [1, L]: one stream
@@ -559,14 +562,25 @@ class Session:
             nats = fn()
             return nats / LN2, time.perf_counter() - t0
 
-        with pace():
-            if len(ids) > 1:  # warm up (threads, the position table): else the first way
-                stream_nll(self.model, streams[:, : seg_len + 1], seg_len, 0)  # timed pays
-            with_memory, s_with = timed(
-                lambda: stream_nll(self.model, streams, seg_len, mem_len)[0]
-            )
-        with pace():
-            without, s_without = timed(lambda: stream_nll(self.model, streams, seg_len, 0)[0])
+        def reads(lengths) -> dict[int, tuple[Tensor, float]]:
+            """The text read with each memory length: (bits [L-1], seconds) by length.
+            Independent reads: pace() says how many run side by side (one core each)."""
+            done, pending = {}, list(lengths)
+            while pending:
+                with pace(tasks=len(pending)) as at_once:
+                    batch, pending = pending[:at_once], pending[at_once:]
+                    tasks = [
+                        lambda n=n: timed(lambda: stream_nll(self.model, streams, seg_len, n)[0])
+                        for n in batch
+                    ]
+                    done.update(zip(batch, side_by_side(tasks, at_once)))
+            return done
+
+        if len(ids) > 1:  # warm up (the position table): else the first read's time pays
+            with pace():
+                stream_nll(self.model, streams[:, : seg_len + 1], seg_len, 0)
+        first = reads(dict.fromkeys([mem_len, 0]))  # mem_len 0: one read
+        (with_memory, s_with), (without, s_without) = first[mem_len], first[0]
         result = ScoreResult(
             chars=self.tokenizer.pieces(ids.tolist())[1:],
             bits_with=with_memory.numpy(),
@@ -586,17 +600,9 @@ class Session:
         swept = None
         if sweep:
             lengths = sorted({_as_int("mem_len", n, 0) for n in mem_lens})
-            known = {0: (result.bpc_without, s_without), mem_len: (result.bpc_with, s_with)}
-            bpc, seconds = [], []
-            for n in lengths:
-                if n not in known:
-                    with pace():
-                        bits, took = timed(
-                            lambda n=n: stream_nll(self.model, streams, seg_len, n)[0]
-                        )
-                    known[n] = (mean_or_nan(bits), took)
-                bpc.append(known[n][0])
-                seconds.append(known[n][1])
+            known = {**first, **reads([n for n in lengths if n not in first])}
+            bpc = [mean_or_nan(known[n][0]) for n in lengths]
+            seconds = [known[n][1] for n in lengths]
             swept = ContextSweep.of(lengths, bpc, seconds, seg_len, tolerance)
             yield ScoreStage("sweep", result, swept, total=total)
 
