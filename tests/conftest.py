@@ -21,6 +21,22 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` run without PYTHONPATH=. still finds txl
     sys.path.insert(0, str(ROOT))
 
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--reverse",
+        action="store_true",
+        help="run the collected tests in reverse order: a test that needs another's "
+        "leftover state (or breaks a later one) fails one way round",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--reverse"):
+        items.reverse()
+
+
 PEER_VENV = ROOT / ".venv-peer"
 # Outside the repository, so it never shows up in git status.
 PEER_LOCK = Path(tempfile.gettempdir()) / f"txl-venv-peer-{zlib.crc32(bytes(ROOT)):08x}.lock"
