@@ -27,12 +27,14 @@ time, the apps alternating ``--repeats`` times so that both see the same machine
 
 Medians over the repeats are printed with the machine's load (``uptime``) before and after,
 and the after/before ratios. The benchmark asks for its own CPU share first (it writes -20
-to /proc/self/autogroup, which the apps it starts inherit) when the system allows it.
+to /proc/self/autogroup, which the apps it starts inherit) when the system allows it, and
+puts the old value back when it ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
@@ -55,12 +57,18 @@ SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")
 
 
 def own_cpu_share() -> bool:
-    """Give this process's autogroup (and the apps it starts) the highest CPU share."""
+    """Give this process's autogroup (and the apps it starts) the highest CPU share, and
+    give it back at exit: the autogroup is the whole terminal session's, so a nice of -20
+    left behind would boost every later command of that shell (a stress run's CPU burners
+    then starve the browser the tests drive)."""
+    autogroup = Path("/proc/self/autogroup")
     try:
-        Path("/proc/self/autogroup").write_text("-20")
-        return True
-    except OSError:
+        before = autogroup.read_text().split("nice")[-1].strip()  # "/autogroup-7 nice 0"
+        autogroup.write_text("-20")
+    except (OSError, IndexError):
         return False
+    atexit.register(lambda: autogroup.write_text(before))
+    return True
 
 
 def load() -> str:
