@@ -84,6 +84,7 @@ EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
 # so Gradio leaves their DOM alone and only the watch() callbacks redraw.
 WEB = ROOT / "txl" / "web"
 # views.js first (it defines window.TXL); each other file adds its own views to TXL.
+# Put in the page's <head> once, by launch() beside the CSS, for every view that mounts.
 WEB_SCRIPTS = [WEB / "views.js"] + sorted(p for p in WEB.glob("*.js") if p.name != "views.js")
 VIEWS_HEAD = "".join(f"<script>{p.read_text()}</script>" for p in WEB_SCRIPTS)
 ATTENTION_TEMPLATE = (
@@ -415,7 +416,6 @@ class TXLApp(Server):
                     None,
                     html_template=TEXT_TEMPLATE,
                     js_on_load="TXL.mountText(element, props, watch)",
-                    head=VIEWS_HEAD,
                     label="text shaded by attention",
                     max_height=460,
                     autoscroll=True,
@@ -469,7 +469,6 @@ class TXLApp(Server):
                     # txl/web/terms.js: the chosen head's four score terms, under the view
                     js_on_load="TXL.mountAttention(element, props, watch); "
                     "TXL.mountTerms(element, props, watch)",
-                    head=VIEWS_HEAD,
                     label="Attention of the newest token",
                     elem_id="attention",
                 )
@@ -477,7 +476,6 @@ class TXLApp(Server):
                     None,
                     html_template=PREDICTIONS_TEMPLATE,
                     js_on_load="TXL.mountPredictions(element, props, watch)",
-                    head=VIEWS_HEAD,
                     label="Next-token prediction with and without memory",
                     elem_id="predictions",
                 )
@@ -585,6 +583,7 @@ def launch(demo: gr.Blocks, **kwargs):
         server_port=env_int("GRADIO_SERVER_PORT", 7860),
         state_session_capacity=env_int("TXL_MAX_SESSIONS", 200),
         css=CSS,
+        head=VIEWS_HEAD,
         footer_links=["api"],
         # Gradio 6 records every event's inputs and outputs in the page's localStorage (up
         # to 100 runs, the whole list rewritten as JSON on each status update): a cost in

@@ -2,7 +2,7 @@
 // bar lists (rank by rank, one scale), the sampled token marked in both, and in words
 // under them. Drawn from the dict txl/viz.py's predictions_view builds (the API's
 // summary["predictions"] plus the position). Loaded into the page's <head> after views.js,
-// which defines window.TXL; the head may be injected more than once, hence the guard.
+// which defines window.TXL; the guard keeps a second injection from redefining it.
 (function () {
   if (!window.TXL || window.TXL.mountPredictions) return;
 

@@ -1,6 +1,6 @@
 // The per-step views of txl's app, drawn in the browser from the small dicts that
 // txl/viz.py builds (attention_view, text_view), and Play, which clicks Step after each
-// painted step. Loaded once into the page's <head> by app.py (gr.HTML(head=...)); each
+// painted step. Loaded once into the page's <head> by app.py (launch(head=...)); each
 // view's js_on_load calls TXL.mountAttention / TXL.mountText with Gradio's element,
 // props and watch. Plotly drew the same heatmap in ~400 ms of script per step; a canvas
 // takes a few milliseconds.
