@@ -30,6 +30,7 @@ see the whole shorter prefix ids[0:t].
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -40,6 +41,7 @@ import torch
 
 from .data import load_text, train_val_split
 from .model import TransformerXL
+from .recall import DISTANCES, format_recall, recall_probe, recall_summary
 from .scoring import memory_nll, sliding_nll, split_streams, stream_nll
 
 LN2 = math.log(2)
@@ -265,12 +267,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--threads", type=int, default=None)
+    recall = p.add_argument_group("recall probe (txl/recall.py) instead of the loss")
+    recall.add_argument("--recall", metavar="NAME[,NAME...]", help="made-up speakers to plant")
+    recall.add_argument(
+        "--distances", default=",".join(map(str, DISTANCES)), help="k, comma-separated"
+    )
+    recall.add_argument("--mem-len", type=int, default=None, help="default: the config's")
+    recall.add_argument(
+        "--filler-at",
+        default="0",
+        metavar="P[,P...]",
+        help="validation positions where fillers start (one probe per name and filler)",
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     model = TransformerXL.from_pretrained(args.model)
     _, val_text = train_val_split(load_text(args.data))
+    if args.recall:
+        return recall_main(model, val_text, args)
     windows = [int(w) for w in args.sliding.split(",")] if args.sliding else None
     if windows and min(windows) < 1:
         p.error("--sliding: window lengths must be >= 1")
@@ -295,6 +311,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def recall_main(model: TransformerXL, val_text: str, args) -> int:
+    """Print the recall table of each name and filler, then the mean of every probe."""
+    distances = [int(k) for k in args.distances.split(",")]
+    mem_len = model.config.mem_len if args.mem_len is None else args.mem_len
+    window = model.config.tgt_len
+    every = []
+    for name in args.recall.split(","):
+        for at in (int(x) for x in args.filler_at.split(",")):
+            filler = val_text[at : at + max(distances)]
+            rows = list(recall_probe(model, name, filler, distances, mem_len))
+            print(f"{name}, filler from validation position {at}:")
+            print(format_recall(rows, mem_len, window))
+            every.append(rows)
+    mean = [
+        dataclasses.replace(
+            rows[0],
+            **{k: sum(getattr(r[i], k) for r in every) / len(every) for k in BITS_FIELDS},
+        )
+        for i, rows in enumerate(zip(*every))
+        for rows in [list(rows)]
+    ]
+    print(f"mean of {len(every)} probes:")
+    print(format_recall(mean, mem_len, window))
+    print(recall_summary(mean, window))
+    if args.json:
+        args.json.write_text(json.dumps([r.to_dict() for r in mean], indent=2) + "\n")
+    return 0
+
+
+BITS_FIELDS = ("bits_memory", "bits_window", "bits_segments")
 
 
 if __name__ == "__main__":

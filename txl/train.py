@@ -87,6 +87,10 @@ class TrainArgs:
     mem_min: int = 0  # with mem_max: each step attends over a memory of random length in
     mem_max: int = 0  # [mem_min, mem_max] (0: always the config's mem_len), see memory_length
     init_std: float = 0.02
+    init_from: str = ""  # a model folder (save_pretrained) to start from: fine-tuning
+    train_data: str = ""  # train on this text instead of --data's first 90 % (a recipe's
+    # altered text, scripts/recall_data.py); validation stays --data's unaltered last 10 %
+    bf16: bool = False  # bfloat16 autocast on the CPU too (fast where it has AMX/AVX-512 BF16)
 
 
 # ---- the pieces ------------------------------------------------------------------------
@@ -427,6 +431,8 @@ def train(
     train_text, val_text = train_val_split(text)
     tokenizer = CharTokenizer.from_text(text)
     cfg = TXLConfig(vocab=tokenizer.vocab, **model_kw)
+    if args.train_data:
+        train_text = load_text(args.train_data)
     train_ids = torch.tensor(tokenizer.encode(train_text), dtype=torch.long)
     val_ids = torch.tensor(tokenizer.encode(val_text), dtype=torch.long)
     batcher = StreamBatcher(train_ids, args.batch, cfg.tgt_len, rank, world)
@@ -434,6 +440,11 @@ def train(
     torch.manual_seed(args.seed)
     model = TransformerXL(cfg)
     model.reset_parameters(args.init_std)
+    if args.init_from:
+        start_from = TransformerXL.from_pretrained(args.init_from)
+        if start_from.config.vocab != cfg.vocab:
+            raise SystemExit(f"--init-from {args.init_from}: its vocabulary differs from --data's")
+        model.load_state_dict(start_from.state_dict())
     model.to(device)
     optimizer = make_optimizer(model, args)
     n_params = sum(p.numel() for p in model.parameters())
@@ -461,7 +472,10 @@ def train(
     ddp = model
     if world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+    on_cuda = device.startswith("cuda")
+    autocast = torch.autocast(
+        "cuda" if on_cuda else "cpu", dtype=torch.bfloat16, enabled=on_cuda or args.bf16
+    )
     log = RunLog(out / "log.jsonl", keep_until=start) if main_proc else None
     tokens_per_step = args.batch * cfg.tgt_len
     bar = tqdm(total=args.steps, initial=start, disable=not main_proc, dynamic_ncols=True)
