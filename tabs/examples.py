@@ -77,3 +77,26 @@ REPEATED = _QUATRAIN + "\n" + _QUATRAIN
 
 # The texts the tabs offer, by label: the first fills the text boxes when the page opens.
 EXAMPLES = {"Romeo and Juliet, the balcony scene": ROMEO_AND_JULIET, "A quatrain, twice": REPEATED}
+
+# The recall probe's filler (txl/recall.py): the balcony scene read on, 2,048 characters and
+# more of ordinary Shakespeare, so that the longest probe repeats none of it.
+RECALL_FILLER = (
+    ROMEO_AND_JULIET
+    + """
+ROMEO:
+I take thee at thy word:
+Call me but love, and I'll be new baptized;
+Henceforth I never will be Romeo.
+
+JULIET:
+What man art thou that thus bescreen'd in night
+So stumblest on my counsel?
+
+ROMEO:
+By a name
+I know not how to tell thee who I am:
+My name, dear saint, is hateful to myself,
+Because it is an enemy to thee;
+Had I it written, I would tear the word.
+"""
+)

@@ -25,16 +25,19 @@ Within the window all three can see the name; beyond it only memory can.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
+from torch import Tensor
 
-from .model import TransformerXL
+from .model import KVMemory, TransformerXL
 from .scoring import memory_nll, sliding_nll
 
 CUE = 3  # letters of the name given back as the cue; the rest is scored
 SPEECH = "Stand, and unfold yourself; the hour grows late."
 DISTANCES = (32, 64, 128, 256, 512, 1024, 2048)
+MAX_NAME_CHARS = 40  # a speaker's name, not a text: every probe scores all but its cue
 LN2 = math.log(2)
 
 
@@ -51,80 +54,215 @@ class RecallRow:
         return asdict(self)
 
 
+def probe_head(name: str, speech: str = SPEECH) -> str:
+    """What every probe starts with: the speaker and its line, then a blank line. The
+    filler follows it."""
+    return f"{name}:\n{speech}\n\n"
+
+
 def probe_text(name: str, filler: str, distance: int, speech: str = SPEECH) -> tuple[str, int]:
     """The probe for one distance: (text, start). The filler is repeated when it is shorter
     than ``distance`` and cut at ``distance`` characters."""
     check_probe(name, filler)
     body = (filler * (distance // len(filler) + 1))[:distance]
-    text = f"{name}:\n{speech}\n\n{body}\n\n{name}"
+    text = f"{probe_head(name, speech)}{body}\n\n{name}"
     return text, len(text) - (len(name) - CUE)
 
 
 def check_probe(name: str, filler: str) -> None:
     """A clear message for a probe that cannot be made."""
+    if not name.strip():
+        raise ValueError("type a name: a made-up speaker, such as ZANTHOR")
     if len(name) <= CUE:
         raise ValueError(f"the name needs more than {CUE} letters (the first {CUE} are the cue)")
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"the name is {len(name)} characters; at most {MAX_NAME_CHARS}")
     if "\n" in name or ":" in name:
         raise ValueError("the name is one line without ':' (it is written as 'NAME:')")
     if not filler:
         raise ValueError("the filler is empty")
 
 
+def check_recall(model: TransformerXL, name: str, filler: str, distances, mem_len: int) -> None:
+    """Everything ``recall_probe`` refuses, checked before any work: a clear message."""
+    check_probe(name, filler)
+    if model.tokenizer is None or model.tokenizer.unit != "character":
+        raise ValueError("the recall probe reads characters: it needs a character-level model")
+    unknown = model.tokenizer.unknown_symbols(name + filler)
+    if unknown:
+        raise ValueError(f"characters the model does not know: {''.join(unknown)!r}")
+    if not distances or any(isinstance(k, bool) or int(k) != k or k < 1 for k in distances):
+        raise ValueError(f"distances must be whole numbers >= 1, got {list(distances)!r}")
+    if isinstance(mem_len, bool) or int(mem_len) != mem_len or mem_len < 0:
+        raise ValueError(f"mem_len must be a whole number >= 0, got {mem_len!r}")
+
+
+def _bits(nll: Tensor) -> float:
+    """Mean of a nats tensor, in bits."""
+    return nll.double().mean().item() / LN2
+
+
+class _SharedRead:
+    """The longest probe read once with memory, segment by segment. Every probe is the
+    same text up to the end of its filler (``probe_head + filler[:k]``: the filler is cut,
+    never rearranged), so the memory at a segment boundary b <= len(head) + k is the
+    memory a read of probe k from its start has at b, and probe k's read with memory
+    continues from a copy of it, with the very arithmetic of ``memory_nll`` on probe k
+    alone (the same numbers, bit for bit). The seven probes of ZANTHOR (2,048 the
+    longest, segments of 64) then read 32 + 13 segments with memory instead of 77."""
+
+    def __init__(self, model: TransformerXL, ids: Tensor, seg_len: int, mem_len: int):
+        self.model, self.ids, self.seg_len, self.mem_len = model, ids, seg_len, mem_len
+        self.boundary = 0  # ids[:boundary] are read
+        self.memory: KVMemory | None = None
+
+    def advance(self, boundary: int, pace) -> KVMemory | None:
+        """Read on to ``boundary`` (a multiple of seg_len), one segment per ``pace()``;
+        a copy of the memory there (None: no memory, at the start or with mem_len 0)."""
+        if self.mem_len == 0:  # nothing is carried: nothing to share
+            return None
+        while self.boundary < boundary:
+            a, b = self.boundary, self.boundary + self.seg_len
+            with pace():
+                out = self.model.forward_cached(
+                    self.ids[a:b].view(1, -1),  # [1, seg_len]
+                    self.memory,
+                    mem_len=self.mem_len,
+                    last_only=True,  # only the memory is wanted: no logits but the last
+                )
+            self.memory, self.boundary = out.memory, b
+        return None if self.memory is None else self.memory.clone()
+
+
 @torch.no_grad()
-def recall_row(
-    model: TransformerXL, name: str, filler: str, distance: int, mem_len: int
-) -> RecallRow:
-    """One distance, read the three ways (module docstring)."""
-    text, start = probe_text(name, filler, distance)
-    ids = torch.tensor(model.tokenizer.encode(text), dtype=torch.long)
-    seg = model.config.tgt_len
+def _read_from(
+    model: TransformerXL,
+    ids: Tensor,
+    a: int,
+    memory: KVMemory | None,
+    seg_len: int,
+    mem_len: int,
+    start: int,
+) -> Tensor:
+    """-log p(ids[t] | ...) in nats for t = start .. L-1, ids [L] read from position ``a``
+    (a multiple of seg_len) in segments of seg_len over ``memory`` (what a read from the
+    start had at ``a``; None: none), as ``stream_nll`` reads: memory ``mem_len``."""
+    losses = []
+    for s in range(a, len(ids) - 1, seg_len):
+        e = min(s + seg_len, len(ids) - 1)
+        out = model.forward_cached(
+            ids[s:e].view(1, -1),  # [1, T]
+            memory if mem_len > 0 else None,
+            mem_len=mem_len,
+            targets=ids[s + 1 : e + 1].view(1, -1),
+        )
+        memory = out.memory
+        losses.append(out.nll[0].float())
+    return torch.cat(losses)[start - 1 - a :]
 
-    def bits(nll: torch.Tensor) -> float:
-        return nll.double().mean().item() / LN2
 
-    return RecallRow(
-        distance=distance,
-        text=text,
-        start=start,
-        bits_memory=bits(memory_nll(model, ids, seg, mem_len, start=start)),
-        bits_window=bits(sliding_nll(model, ids, seg, start=start)),
-        bits_segments=bits(memory_nll(model, ids, seg, 0, start=start)),
-    )
-
-
+@torch.no_grad()
 def recall_probe(
     model: TransformerXL,
     name: str,
     filler: str,
     distances=DISTANCES,
     mem_len: int | None = None,
+    pace=None,
 ):
-    """Yield a RecallRow per distance, in order (memory ``mem_len``; default the config's).
-    A generator, so that a caller can show each row as soon as it is read."""
+    """Yield a RecallRow per distance, shortest first (memory ``mem_len``; default the
+    config's). A generator, so that a caller can show each row as soon as it is read.
+
+    ``pace``: a context-manager factory around each chunk of work, a segment or one read
+    of a probe's end (txl.longwork's ``job.turn``: a server runs the probe beside other
+    visitors' Steps, and cancels it there); None runs straight through.
+
+    Each row is what ``memory_nll`` / ``sliding_nll`` give on that probe alone (the
+    module docstring), computed with less work: the reads with memory share the longest
+    probe's read (``_SharedRead``); segments read alone need only the segment(s) that
+    hold the scored characters; the window, only their windows.
+    """
     mem_len = model.config.mem_len if mem_len is None else mem_len
-    unknown = set(name + filler) - set(model.tokenizer.vocab)
-    if unknown:
-        raise ValueError(f"characters the model does not know: {''.join(sorted(unknown))!r}")
-    for k in distances:
-        yield recall_row(model, name, filler, k, mem_len)
+    check_recall(model, name, filler, distances, mem_len)
+    pace = pace or nullcontext
+    distances = sorted({int(k) for k in distances})
+    seg = model.config.tgt_len
+    was_training = model.training
+    model.eval()
+    try:
+        longest, _ = probe_text(name, filler, distances[-1])
+        encode = model.tokenizer.encode
+        shared = _SharedRead(model, torch.tensor(encode(longest), dtype=torch.long), seg, mem_len)
+        head = len(probe_head(name))
+        for k in distances:
+            text, start = probe_text(name, filler, k)
+            ids = torch.tensor(encode(text), dtype=torch.long)  # [L]
+            # The memory at the last segment boundary within the text all probes share.
+            b = (head + k) // seg * seg
+            memory = shared.advance(b, pace)
+            with pace():
+                bits_memory = _bits(_read_from(model, ids, b, memory, seg, mem_len, start))
+            # Segments alone: from the boundary of the segment that predicts ids[start].
+            first = (start - 1) // seg * seg
+            with pace():
+                bits_segments = _bits(_read_from(model, ids, first, None, seg, 0, start))
+            with pace():
+                bits_window = _bits(sliding_nll(model, ids, seg, start=start))
+            yield RecallRow(k, text, start, bits_memory, bits_window, bits_segments)
+    finally:
+        model.train(was_training)
 
 
-def recall_summary(rows: list[RecallRow], window: int, threshold: float = 2.0) -> str:
-    """One sentence: how far back the name was recalled (under ``threshold`` bits/char)
-    with memory and through the window alone."""
-
-    def reach(key: str) -> int | None:
-        ok = [r.distance for r in rows if getattr(r, key) <= threshold]
-        return max(ok) if ok else None
-
-    mem, win = reach("bits_memory"), reach("bits_window")
-    said_mem = (
-        f"recalled up to {mem} characters back with memory"
-        if mem
-        else "not recalled with memory at any distance tried"
+def recall_row(
+    model: TransformerXL, name: str, filler: str, distance: int, mem_len: int
+) -> RecallRow:
+    """One distance, each way read plainly on the whole probe (``memory_nll`` from its
+    start; ``sliding_nll``): what ``recall_probe``'s rows equal, with more work."""
+    check_recall(model, name, filler, [distance], mem_len)
+    text, start = probe_text(name, filler, distance)
+    ids = torch.tensor(model.tokenizer.encode(text), dtype=torch.long)
+    seg = model.config.tgt_len
+    return RecallRow(
+        distance=distance,
+        text=text,
+        start=start,
+        bits_memory=_bits(memory_nll(model, ids, seg, mem_len, start=start)),
+        bits_window=_bits(sliding_nll(model, ids, seg, start=start)),
+        bits_segments=_bits(memory_nll(model, ids, seg, 0, start=start)),
     )
-    said_win = f"through the window ({window}) only within {win}" if win else (
-        f"through the window ({window}) at no distance tried"
+
+
+RECALLED_BITS = 2.0  # under this many bits per character, the rest of the name was recalled
+
+
+def reach(rows: list[RecallRow], key: str, threshold: float = RECALLED_BITS) -> int | None:
+    """The longest distance up to which every row (shortest first) was recalled by
+    ``key`` ("bits_memory", "bits_window", "bits_segments"); None when the shortest was
+    not. A lucky guess far out, after misses nearer, does not count as reach."""
+    longest = None
+    for r in sorted(rows, key=lambda r: r.distance):
+        if not getattr(r, key) < threshold:
+            break
+        longest = r.distance
+    return longest
+
+
+def recall_summary(
+    rows: list[RecallRow], window: int, threshold: float = RECALLED_BITS, mem_len=None
+) -> str:
+    """One sentence: how far back the name was recalled (under ``threshold`` bits/char at
+    that distance and every shorter one) with memory and through the window alone."""
+    mem, win = reach(rows, "bits_memory", threshold), reach(rows, "bits_window", threshold)
+    memory = "with memory" if mem_len is None else f"with memory ({mem_len:,})"
+    said_mem = (
+        f"recalled up to {mem:,} characters back {memory}"
+        if mem
+        else f"not recalled {memory} at any distance tried"
+    )
+    said_win = (
+        f"through the window ({window}) only within {win:,}"
+        if win
+        else f"through the window ({window}) at no distance tried"
     )
     return f"{said_mem}; {said_win} (recalled = under {threshold:g} bits per character)."
 
