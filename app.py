@@ -43,6 +43,7 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 from tabs import anatomy as anatomy_tab  # noqa: E402
+from tabs import recall as recall_tab  # noqa: E402
 from tabs import score as score_tab  # noqa: E402
 from tabs.examples import EXAMPLES  # noqa: E402
 from txl import TXLConfig, anatomy_viz, viz  # noqa: E402
@@ -363,16 +364,21 @@ class TXLApp(Server):
         with gr.Blocks(title="Transformer-XL memory", delete_cache=(600, 3600)) as demo:
             state = gr.State(None, time_to_live=ttl, delete_callback=self.sessions.release)
             gr.Markdown(HEADER, elem_id="header")
-            with gr.Tabs():
+            with gr.Tabs() as tabs:
                 with gr.Tab("Watch the memory", id="watch"):
                     ui = self.watch_tab()
                 with gr.Tab("Does memory help?", id="score"):
                     ui.update(score_tab.build(self))
+                with gr.Tab("How far back can it recall?", id="recall"):
+                    ui.update(recall_tab.build(self))
                 with gr.Tab("Inside the attention", id="anatomy"):
                     ui.update(anatomy_tab.build(self, EXAMPLES))
+            ui["tabs"] = tabs  # Watch it switches to the Watch tab
             self.wire(ui, state)
             anatomy_tab.wire(self, ui, state)
-            api_names = {"score_mem": "mem_len", "anatomy_mem": "mem_len"}  # the tabs' sliders
+            recall_tab.wire(self, ui, state)  # /recall
+            # the tabs' sliders
+            api_names = {"score_mem": "mem_len", "anatomy_mem": "mem_len", "recall_mem": "mem_len"}
             name_input_errors((api_names.get(k, k), c) for k, c in ui.items())
         return demo
 

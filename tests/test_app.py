@@ -25,7 +25,7 @@ from txl.session import Session  # noqa: E402
 
 VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 SEG_LEN, MEM_LEN = 16, 32
-PUBLIC = {"/generate", "/step", "/reset", "/score", "/load_model", "/anatomy"}
+PUBLIC = {"/generate", "/step", "/reset", "/score", "/load_model", "/anatomy", "/recall"}
 
 
 def tiny_model(folder, n_layer=2, seed=0):

@@ -38,6 +38,8 @@ from .config import TXLConfig
 from .hub import CONFIG_NAME, TXLLoadError
 from .longwork import JobCancelled, Traffic
 from .model import TransformerXL
+from .recall import DISTANCES, check_recall, probe_text, recall_probe
+from .recall_viz import recall_figure, recall_markdown, recall_numbers
 from .session import (
     Session,
     check_seed,
@@ -608,6 +610,72 @@ class Server:
             job.close()
             note_heap_use()
 
+    # -- the recall probe: long work, streamed --
+
+    def recall_check(self, name, filler, mem_len, state: UserState | None):
+        """(model, name, filler, mem_len) of a probe that can run, or a message that says
+        why not (the page runs this first, so that a refused probe leaves the chart as it
+        was). The name is taken without the spaces around it."""
+        model = state.model if state is not None and not state.expired else self.default_model
+        if model is None:
+            raise gr.Error(f"No model is loaded ({self.load_error}). Load one above.")
+        name, filler = str(name or "").strip(), str(filler or "")
+        if len(filler) > MAX_SCORE_CHARS:
+            raise gr.Error(
+                f"The filler is {len(filler):,} characters; the limit is {MAX_SCORE_CHARS:,} "
+                f"(the probe uses its first {max(DISTANCES):,})."
+            )
+        with user_errors():
+            mem_len = as_int("mem_len", mem_len, 0, self.mem_cap(model))
+            check_recall(model, name, filler, DISTANCES, mem_len)
+        return model, name, filler, mem_len
+
+    def recall_click(self, name, filler, mem_len, state: UserState | None) -> None:
+        """The page's Probe button, before ``recall``: check the inputs, then stop this
+        session's running probe at once."""
+        self.recall_check(name, filler, mem_len, state)
+        if state is not None:
+            self.traffic.cancel(recall_owner(state))
+
+    def recall(self, name, filler, mem_len, state):
+        """How far back can it recall? (txl/recall.py): the name planted k characters
+        back for every k of DISTANCES, read with memory, through the window and in
+        segments alone; (chart, sentence, numbers) after every row, as it is ready. A
+        long job (txl/longwork.py), paced segment by segment beside other visitors'
+        Steps, cancelled by this session's next probe (not by its Score) or when the
+        visitor leaves."""
+        state = self.ensure(state)
+        model, name, filler, mem_len = self.recall_check(name, filler, mem_len, state)
+        window = model.config.tgt_len
+        job = self.traffic.start_job(owner=recall_owner(state))
+        rows, started = [], time.perf_counter()
+        try:
+            for row in recall_probe(model, name, filler, DISTANCES, mem_len, pace=job.turn):
+                rows.append(row)
+                took = time.perf_counter() - started
+                done = len(rows) == len(DISTANCES)
+                yield (
+                    recall_figure(rows, mem_len, window),
+                    recall_markdown(rows, mem_len, window, len(DISTANCES), took),
+                    recall_numbers(rows, mem_len, window, took if done else None),
+                    state,
+                )
+        except JobCancelled:  # this session's next probe replaced this one
+            yield (gr.skip(),) * 3 + (state,)
+        finally:
+            job.close()
+            note_heap_use()
+
+    def recall_prompt(self, name, filler, distance, mem_len, state) -> tuple[str, int]:
+        """Watch it: (prompt, mem_len) for the Watch tab: the probe of ``distance`` up to
+        its first scored character, so that one Step with memory (``mem_len``) predicts
+        that very character from the memory the probe's read had there."""
+        _, name, filler, mem_len = self.recall_check(name, filler, mem_len, state)
+        with user_errors():
+            k = as_int("k", distance, 1, max(DISTANCES))
+        text, start = probe_text(name, filler, k)
+        return text[:start], mem_len
+
     @staticmethod
     def restore_note(state: UserState) -> str:
         """For the status line: the memory came back from disk in this request."""
@@ -671,6 +739,17 @@ class Server:
             return f"**No model loaded**: {self.load_error}"
         model = self.default_model
         return model_markdown(display_source(self.default_source), model, self.mem_cap(model))
+
+
+# Each session's key for its running probe, apart from the session itself (the key of its
+# Score): Traffic keeps one job per key, so a probe and a Score do not cancel each other.
+_RECALL_OWNERS: weakref.WeakKeyDictionary[UserState, object] = weakref.WeakKeyDictionary()
+_RECALL_OWNERS_LOCK = threading.Lock()  # the click and the probe may ask at once
+
+
+def recall_owner(state: UserState) -> object:
+    with _RECALL_OWNERS_LOCK:
+        return _RECALL_OWNERS.setdefault(state, object())
 
 
 def display_source(source: str) -> str:
