@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: run test lint bench clean chromium
+.PHONY: run test test-kernels lint bench clean chromium
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ chromium:
 
 test: chromium $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# The quick numerical tests under several CPU kernel settings (ATen's and MKL's AVX-512,
+# AVX2 and plain loops), as other CPUs would run them: scripts/test-kernels.sh.
+test-kernels: $(VENV)/.installed
+	PY=$(PY) scripts/test-kernels.sh
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from tests.tolerance import SAME_SUMS, assert_ulps_close
 from txl import TransformerXL, TXLConfig
 from txl.evaluate import (
     evaluate_model,
@@ -89,10 +90,10 @@ def test_sliding_window_equals_one_forward_per_token(window, same_length):
     expected = direct_sliding(model, ids, window)  # includes t < W: the shorter prefix
     for batch_size in (None, 1, 5):
         got = sliding_nll(model, ids, window, batch_size=batch_size)
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        assert_ulps_close(got, expected, SAME_SUMS, what=f"batch_size {batch_size}")
     # A sub-range gives the same numbers for the same tokens, across the t = W boundary.
     part = sliding_nll(model, ids, window, start=2, stop=40, batch_size=3)
-    torch.testing.assert_close(part, expected[1:39], atol=1e-5, rtol=0)
+    assert_ulps_close(part, expected[1:39], SAME_SUMS)
 
 
 def test_sliding_window_sees_exactly_w_tokens(model):
@@ -123,16 +124,12 @@ def test_memory_rows_score_only_the_positions_but_read_from_the_start(model):
     ids = ids_of(model)
     start, stop = 13, 50
     whole = stream_nll(model, ids.view(1, -1), 4, 6)[0]  # token j + 1 in column j
-    torch.testing.assert_close(memory_nll(model, ids, 4, 6, start, stop), whole[12:49])
+    assert_ulps_close(memory_nll(model, ids, 4, 6, start, stop), whole[12:49], SAME_SUMS)
     # A memory longer than the text: every token sees everything before it.
-    torch.testing.assert_close(
-        memory_nll(model, ids, 4, 64, start, stop), direct_whole(model, ids, start, stop),
-        atol=1e-5, rtol=0,
-    )
-    torch.testing.assert_close(
-        memory_nll(model, ids, 4, 0, start, stop),
-        direct_segments_alone(model, ids, 4, start, stop), atol=1e-5, rtol=0,
-    )
+    assert_ulps_close(memory_nll(model, ids, 4, 64, start, stop),
+                      direct_whole(model, ids, start, stop), SAME_SUMS)
+    assert_ulps_close(memory_nll(model, ids, 4, 0, start, stop),
+                      direct_segments_alone(model, ids, 4, start, stop), SAME_SUMS)
 
 
 def test_every_row_scores_the_same_tokens(model):
@@ -147,14 +144,16 @@ def test_every_row_scores_the_same_tokens(model):
     }
     for (kind, n), nll in expect.items():
         row = rows[kind][n]
-        assert row["loss"] == pytest.approx(nll.mean().item(), abs=1e-5), (kind, n)
+        # a mean of float32 surprisals, as a Python float: float32's ulps
+        assert_ulps_close(row["loss"], nll.mean().item(), SAME_SUMS, dtype=torch.float32,
+                          what=f"{kind} {n}")
         assert row["bpc"] == pytest.approx(row["loss"] / math.log(2))
         assert row["seconds"] > 0 and row["ms_per_token"] > 0
     # Tokens outside [start, stop) do not count: a different range, a different loss.
     other = evaluate_positions(model, ids, start + 10, stop, [6], [3], progress=False)
-    assert other["sliding"][3]["loss"] == pytest.approx(
-        direct_sliding(model, ids, 3, start + 10, stop).mean().item(), abs=1e-5
-    )
+    assert_ulps_close(other["sliding"][3]["loss"],
+                      direct_sliding(model, ids, 3, start + 10, stop).mean().item(),
+                      SAME_SUMS, dtype=torch.float32)
     assert other["memory"][6]["loss"] != pytest.approx(rows["memory"][6]["loss"], abs=1e-4)
 
 
@@ -187,9 +186,9 @@ def test_cli_writes_every_row_with_times(model, tmp_path, capsys):
     # The validation text is the last 10 %: the same numbers from a direct computation.
     val = (TEXT * 20)[int(len(TEXT * 20) * 0.9) :]
     ids = ids_of(model, val)
-    assert result["sliding"]["12"]["loss"] == pytest.approx(
-        direct_sliding(model, ids, 12, 30, 100).mean().item(), abs=1e-5
-    )
+    assert_ulps_close(result["sliding"]["12"]["loss"],
+                      direct_sliding(model, ids, 12, 30, 100).mean().item(),
+                      SAME_SUMS, dtype=torch.float32)
     printed = capsys.readouterr().out
     assert "segments of 4 read alone (no memory)" in printed
     assert "sliding window of 12, recomputed for every token" in printed

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.test_app import MEM_LEN, SEG_LEN, VOCAB, serve, settings, tiny_model
+from tests.tolerance import FLOAT32_VS_64, assert_ulps_close
 from txl import TransformerXL, TXLConfig, viz
 from txl.predictions import TOP_K, MemoryEffect
 from txl.session import Session
@@ -276,7 +277,9 @@ def test_step_summary_and_view_carry_the_predictions(client, app_server):
     ids = model.tokenizer.encode(text)
     without = direct(model, ids[:-1][-SEG_LEN:])  # float64, the app's float32 weights
     for token, p in pred["without_memory"]:
-        assert p == pytest.approx(float(without[VOCAB.index(token)]), rel=1e-4, abs=1e-6)
+        # float32 against float64, in ulps of p itself (its 6 digits are 42 ulps at most)
+        assert_ulps_close(p, float(without[VOCAB.index(token)]), FLOAT32_VS_64, scale=p,
+                          dtype=torch.float32)
     p = pred["p_chosen"]
     assert pred["bits_saved"] == pytest.approx(
         math.log2(p["with_memory"]) - math.log2(p["without_memory"]), abs=1e-4

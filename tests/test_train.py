@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
+from tests.tolerance import SAME_SUMS, assert_ulps_close
 from txl import TransformerXL, TXLConfig
 from txl.data import StreamBatcher
 from txl.evaluate import evaluate_loss
@@ -140,8 +141,10 @@ def test_evaluate_agrees_with_a_direct_computation():
         ]
     with_memory = evaluate_loss(model, ids, 16, mem_len=64, n_streams=3)
     without = evaluate_loss(model, ids, 16, mem_len=0, n_streams=3)
-    assert with_memory == pytest.approx(whole.item(), abs=1e-5)
-    assert without == pytest.approx(sum(a.item() for a in alone) / (3 * 40), abs=1e-5)
+    # means of float32 losses, as Python floats: float32's ulps
+    f32 = dict(ulps=SAME_SUMS, dtype=torch.float32)
+    assert_ulps_close(with_memory, whole.item(), **f32)
+    assert_ulps_close(without, sum(a.item() for a in alone) / (3 * 40), **f32)
     assert with_memory < without
 
 
