@@ -119,16 +119,31 @@ class TXLApp(Server):
             and t.memory == info["memory"]
             and t.memory_tokens == info["tokens"]
         )
-        roles = viz.roles_from_trace(n, t) if fresh else viz.roles_from_info(n, info)
+        window = s.seg_len  # what a model without memory sees: the window line
+        roles = (
+            viz.roles_from_trace(n, t, window) if fresh else viz.roles_from_info(n, info, window)
+        )
         layer, head = self.view_choice(s, layer, head)
         unit = s.tokenizer.unit
         shaded = t if fresh and t.attentions is not None else None
         effect = s.memory_effect
         view = viz.text_view(
-            s.pieces, roles, shaded, layer, head, info["memory"], unit=unit, effect=effect
+            s.pieces,
+            roles,
+            shaded,
+            layer,
+            head,
+            info["memory"],
+            unit=unit,
+            effect=effect,
+            window=window,
         )
         latency = t.latency_ms if fresh else None
-        status = viz.status_markdown(info, n, latency, unit=unit, saved=effect.bits_saved())
+        share = viz.beyond_window_share(shaded, window, layer, head)
+        beyond = None if share is None else (share, window, viz.choice_words(layer, head))
+        status = viz.status_markdown(
+            info, n, latency, unit=unit, saved=effect.bits_saved(), beyond=beyond
+        )
         return s.text, view, status
 
     @staticmethod
@@ -145,7 +160,9 @@ class TXLApp(Server):
         # One layer and one head chosen: its four score terms, as strips and in the summary.
         terms = anatomy_viz.step_terms(t, layer, head, s.model.layers[0].attn.scale)
         unit = s.tokenizer.unit
-        view = viz.attention_view(t, s.pieces, layer, head, HEATMAP_COLUMNS, unit, terms=terms)
+        view = viz.attention_view(
+            t, s.pieces, layer, head, HEATMAP_COLUMNS, unit, terms=terms, window=s.seg_len
+        )
         return view, viz.step_summary(t, s.memory_info(), far=s.seg_len, terms=terms)
 
     @staticmethod
@@ -174,14 +191,24 @@ class TXLApp(Server):
             return text_view, self.attention_views(state, layer, head)[0]
         layer, head = self.view_choice(s, layer, head)
         pieces, n = s.pieces[: t.position + 1], t.position + 1
-        roles = viz.roles_from_trace(n, t)
+        window = s.seg_len
+        roles = viz.roles_from_trace(n, t, window)
         unit = s.tokenizer.unit
         text_view = viz.text_view(
-            pieces, roles, t, layer, head, t.memory, unit=unit, effect=s.memory_effect
+            pieces,
+            roles,
+            t,
+            layer,
+            head,
+            t.memory,
+            unit=unit,
+            effect=s.memory_effect,
+            window=window,
         )
         steps_back = min(back, len(s.history) - 1)  # past_trace clamps the same way
+        history = (steps_back, len(s.history))
         attention = viz.attention_view(
-            t, pieces, layer, head, HEATMAP_COLUMNS, unit, history=(steps_back, len(s.history))
+            t, pieces, layer, head, HEATMAP_COLUMNS, unit, history=history, window=window
         )
         return text_view, attention
 
@@ -612,8 +639,11 @@ and which text has already fallen out of memory.
 HEATMAP_HELP = """\
 Rows are layers (or the heads of one layer), columns the keys in text order: \
 **memory** left of the dashed line, the **current segment** right of it (in step-by-step \
-generation the current segment is the new token itself); the bar on the right is each \
-row's share of attention on memory. Beyond 160 keys, columns sum buckets of neighbouring \
+generation the current segment is the new token itself). The solid blue line is the edge \
+of **the window**: the last `tgt_len` tokens, all that a model without memory sees; keys \
+left of it are reachable only through memory. The bar on the right is each row's share of \
+attention **beyond the window** (its share on all of memory in lighter blue behind it), \
+and the status line leads with it. Beyond 160 keys, columns sum buckets of neighbouring \
 keys. Hover a cell, or a character of the text, for its weight and distance; **⤓ PNG** \
 saves the view. Under it, the **next-character prediction with memory and without** (the \
 same model on only the last segment): the sampled character is outlined, and \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -205,6 +206,54 @@ def test_memory_off_changes_what_attention_covers(client):
     assert back_on["memory"] and back_on["n_memory"] == MEM_LEN
     step(client, mem_len=48)  # a longer memory grows from now on
     assert step(client, mem_len=48)[5]["n_memory"] == MEM_LEN + 1
+
+
+def shown_share(status: str) -> float:
+    """The percentage the status line leads with."""
+    match = re.match(r"attention beyond the window: \*\*([\d.]+) %\*\*", status)
+    assert match, status
+    return float(match.group(1))
+
+
+def test_step_summary_share_beyond_the_window_is_the_attention_views_weights_summed(client):
+    """The window line: the step summary's beyond-window share (far_mass_per_layer) is the
+    attention view's weights summed over the keys tgt_len or more back, row by row (one
+    row per layer, the mean over heads), and the bars the view draws; the status line
+    leads with it for the shown layer and head (the text's shading summed before the
+    window); the text marks the window's edge and the memory beyond it."""
+    generate(client, n_tokens=3 * MEM_LEN)
+    text, text_view, status, attention, _, summary, _ = step(client)
+    pos = attention["pos"]
+    assert summary["far"] == attention["window"] == SEG_LEN
+    beyond = [c for c, last in enumerate(attention["last"]) if pos - last >= SEG_LEN]
+    assert beyond == list(range(attention["n_far_cols"])) and len(beyond) == MEM_LEN + 1 - SEG_LEN
+    w = attention["w"]
+    summed = [sum(row[c] for c in beyond) for row in w]
+    assert summary["far_mass_per_layer"] == pytest.approx(summed, abs=2e-4)
+    assert attention["far"] == pytest.approx(summary["far_mass_per_layer"], abs=1e-4)
+    assert max(summary["far_mass_per_layer"]) > 0.1  # something to see: not a zero check
+    # The status: the mean over layers and heads, as the text is shaded.
+    share = sum(text_view["w"][: pos - SEG_LEN + 1 - text_view["w0"]])
+    assert status.startswith("attention beyond the window: **")
+    assert shown_share(status) == pytest.approx(100 * share, abs=0.051)  # 1 decimal
+    assert text_view["window_start"] == pos - SEG_LEN + 1
+    roles = {first: role for role, first, _ in text_view["runs"]}
+    assert roles[text_view["window_start"]] == "memory"
+    assert roles[text_view["w0"]] == "far"
+    # One layer and one head: the share of that head alone.
+    out = client.predict(
+        prompt="ROMEO:\n", **settings(), layer="layer 1", head="head 0", api_name="/step"
+    )
+    text_view, status, attention = out[1], out[2], out[3]
+    cols = attention["n_far_cols"]
+    assert attention["far"][0] == pytest.approx(sum(attention["w"][0][:cols]), abs=2e-4)
+    share = sum(text_view["w"][: attention["pos"] - SEG_LEN + 1 - text_view["w0"]])
+    assert shown_share(status) == pytest.approx(100 * share, abs=0.051)
+    assert " %** (layer 1, head 0;" in status
+    # Memory off: nothing lies beyond the window.
+    off = step(client, memory=False)
+    assert off[5]["far_mass_per_layer"] == [0.0, 0.0] and off[3]["n_far_cols"] == 0
+    assert off[2].startswith("attention beyond the window: **0.0 %**")
 
 
 def test_step_returns_the_attention_of_the_new_character(client):
