@@ -283,7 +283,9 @@ class TXLApp(Server):
                 self.start(s, prompt)
             self.check_room(s)
             # The four score terms (~20 % of a step) only when the view shows them: one head.
-            s.step(terms=None not in self.view_choice(s, layer, head))
+            # After Watch it (the Score tab), the Step writes the moment's own character.
+            terms = None not in self.view_choice(s, layer, head)
+            s.step(terms=terms, token=self.replayed_token(state, prompt))
             return self.all_views(state, layer, head, started)
 
     def reset(self, state):
@@ -390,13 +392,14 @@ class TXLApp(Server):
         with gr.Blocks(title="Transformer-XL memory", delete_cache=(600, 3600)) as demo:
             state = gr.State(None, time_to_live=ttl, delete_callback=self.sessions.release)
             gr.Markdown(HEADER, elem_id="header")
-            with gr.Tabs():
+            with gr.Tabs(elem_id="tabs") as tabs:
                 with gr.Tab("Watch the memory", id="watch"):
                     ui = self.watch_tab()
                 with gr.Tab("Does memory help?", id="score"):
                     ui.update(score_tab.build(self))
                 with gr.Tab("Inside the attention", id="anatomy"):
                     ui.update(anatomy_tab.build(self, EXAMPLES))
+            ui["tabs"] = tabs  # Watch it (the Score tab) switches to the Watch tab
             self.wire(ui, state)
             anatomy_tab.wire(self, ui, state)
             api_names = {"score_mem": "mem_len", "anatomy_mem": "mem_len"}  # the tabs' sliders
@@ -550,7 +553,7 @@ class TXLApp(Server):
         # Play runs in the page (txl/web/views.js): Step after Step, no loop on the server.
         ui["play"].click(None, js="() => { TXL.togglePlay(); }")
         ui["reset"].click(self.reset, [state], views, api_name="reset")
-        score_tab.wire(self, ui, state)  # /score
+        score_tab.wire(self, ui, state, views)  # /score, and Watch it
         ui["load"].click(
             self.load_model,
             [ui["source"], state],

@@ -433,3 +433,58 @@ def test_status_leads_with_the_attention_beyond_the_window():
     line = viz.status_markdown(on, 200, beyond=(0.1234, 64, "layer 2, head 1"))
     assert line.startswith("attention beyond the window: **12.3 %** (layer 2, head 1;")
     assert "last 64 characters" in line and "Memory **on**" in line
+
+
+# ---- where memory mattered: the Score's moments ------------------------------------
+
+
+def test_top_moments_rank_the_savings_and_carry_their_context():
+    from txl.scoring import top_moments
+
+    text = "abcdefghijklmnopqrstuvwxyz"
+    bits_memory = np.full(25, 2.0)
+    bits_window = np.full(25, 2.0)
+    bits_window[[3, 10, 20]] = [5.0, 7.0, 5.0]  # tokens 4, 11, 21: a tie at 3 bits
+    bits_memory[7] = np.nan  # not finite: left out
+    bits_memory[0] = 3.0  # memory cost 1 bit on token 1
+    moments = top_moments(text, bits_memory, bits_window, k=4, context=3)
+    assert [m.position for m in moments] == [11, 4, 21, 2]  # the tie: the earlier first
+    m = moments[0]
+    assert (m.char, m.bits_memory, m.bits_window, m.bits_saved) == ("l", 2.0, 7.0, 5.0)
+    assert m.context == "ijklmno" and m.context_start == 8
+    assert moments[1].context == "bcdefgh" and moments[1].context_start == 1
+    assert top_moments(text, bits_memory, bits_window, k=1, context=5)[0].context == "ghijklmnopq"
+    assert top_moments(text, bits_memory, bits_window, context=40)[0].context == text
+    assert m.as_dict() == {"position": 11, "char": "l", "bits_memory": 2.0, "bits_window": 7.0,
+                           "bits_saved": 5.0, "context": "ijklmno"}
+    words = ["w0", " w1", " w2", " w3"]  # a word model: a list of tokens
+    assert top_moments(words, [1, 1, 1], [1, 4, 1], k=1)[0].char == " w2"
+    with pytest.raises(ValueError, match="need"):
+        top_moments(text, bits_memory[:-1], bits_window)
+
+
+def test_moments_view_shades_by_the_bits_saved_and_lists_the_moments():
+    from txl.scoring import top_moments
+
+    r = score_result(n=30)
+    r.first = "X"
+    r.pieces = [r.first, *r.chars]
+    r.bits_sliding = np.linspace(1, 4, 30)
+    moments = top_moments(r.pieces, r.bits_with, r.bits_sliding, k=5)
+    view = json.loads(json.dumps(viz.moments_view(r, moments)))
+    assert view["text"] == "X" + "a" * 30 and view["effect"]["start"] == 1
+    assert view["effect"]["with"] == [100] * 30  # 1 bit each, in centibits
+    assert view["effect"]["without"] == [round(100 * b) for b in r.bits_sliding]
+    assert [m["position"] for m in view["moments"]] == [30, 29, 28, 27, 26]
+    assert view["moments"][0]["context_start"] == 0  # 40 back is before the text's start
+    assert view["bits_saved"] == pytest.approx(float((r.bits_sliding - 1).sum()), abs=1e-4)
+    assert (view["window"], view["mem_len"], view["context"]) == (32, 64, 40)
+    assert viz.moments_view(score_result(sliding=False), None) is None
+    choices = viz.moment_choices(moments)
+    assert choices[0] == ("1. 'a' at 30: memory saved 3.00 bits (4.00 -> 1.00)", 30)
+    numbers = viz.score_numbers(r, None, moments)
+    assert [m["position"] for m in numbers["moments"]] == [30, 29, 28, 27, 26]
+    assert set(numbers["moments"][0]) == {
+        "position", "char", "bits_memory", "bits_window", "bits_saved", "context"
+    }
+    assert viz.score_numbers(r)["moments"] is None  # before the sliding window is done

@@ -971,9 +971,12 @@ The paper measures the same idea as *relative effective context length* (its Sec
 """
 
 
-def score_numbers(result, sweep=None) -> dict:
+def score_numbers(result, sweep=None, moments=None) -> dict:
     """The score tab's numbers as plain JSON (the /score endpoint's third output): bits
-    per token and seconds of each way of reading, and the memory-length sweep."""
+    per token and seconds of each way of reading, the memory-length sweep, and
+    ``moments`` (``ScoreResult.moments()``: the tokens memory saved the most bits on over
+    the sliding window, ``Moment.as_dict`` each; null until the sliding window is done,
+    and for texts too long for it)."""
 
     def number(x) -> float | None:
         return round(float(x), 4) if x is not None and np.isfinite(x) else None
@@ -993,6 +996,7 @@ def score_numbers(result, sweep=None) -> dict:
             "memory": number(result.seconds_with),
         },
         "sliding_window": int(result.window),
+        "moments": None if moments is None else [m.as_dict() for m in moments],
     }
     if sweep is not None:
         out["context_sweep"] = {
@@ -1001,3 +1005,62 @@ def score_numbers(result, sweep=None) -> dict:
             "effective_context": sweep.effective,
         }
     return out
+
+
+def centibits(bits) -> list[int]:
+    """Surprisals in bits as integer centibits (2^(-x/100) is p to 0.7 %): the compact form
+    of the text views' memory's-effect shading (``MemoryEffect.view``)."""
+    return np.rint(100 * np.asarray(bits, dtype=np.float64)).astype(np.int64).tolist()
+
+
+def moments_view(result, moments, unit: str = "character", context: int = 40) -> dict | None:
+    """The Score tab's "where memory mattered", as txl/web/moments.js draws it: the scored
+    text (``result.pieces``: one string for a character model, else a list of tokens),
+    each token from position 1 on shaded by the bits memory saved over the sliding window
+    on it, in the format of the Watch tab's memory's-effect shading (``effect``: start,
+    surprisals with memory and through the window in centibits), and ``moments`` (the
+    ``Moment`` list, its entries as in /score's numbers plus ``context_start``) shown with
+    ``context`` tokens either side. None until the sliding window is done."""
+    if moments is None or getattr(result, "bits_sliding", None) is None:
+        return None
+    pieces = result.pieces
+    whole = unit == "character" and all(len(p) == 1 for p in pieces)
+    saved = np.asarray(result.bits_sliding, np.float64) - np.asarray(result.bits_with, np.float64)
+    return {
+        "unit": unit,
+        "text": "".join(pieces) if whole else list(pieces),
+        "effect": {
+            "start": 1,
+            "with": centibits(result.bits_with),
+            "without": centibits(result.bits_sliding),
+        },
+        "window": int(result.window),
+        "mem_len": int(result.mem_len),
+        "bits_saved": round(float(saved.sum()), 4),
+        "context": int(context),
+        "moments": [{**m.as_dict(), "context_start": m.context_start} for m in moments],
+    }
+
+
+def moment_choices(moments, unit: str = "character") -> list[tuple[str, int]]:
+    """The Watch-it dropdown: (label, position) of each moment, in rank order."""
+    return [
+        (
+            f"{r}. '{visible_text(m.char)}' at {m.position:,}: memory saved "
+            f"{m.bits_saved:.2f} bits ({m.bits_window:.2f} -> {m.bits_memory:.2f})",
+            m.position,
+        )
+        for r, m in enumerate(moments or [], start=1)
+    ]
+
+
+MOMENTS_HELP = """\
+**Where memory mattered.** When the sliding window is done, the text is shaded {unit} by
+{unit} by the bits memory saved over the window of the last {window} {unit}s (blue: memory
+made the {unit} likelier; red: less likely; hover for both probabilities), and the five
+{unit}s it saved the most on are listed in their context. Pick one and press **Watch it**:
+the Watch tab opens on the text up to that {unit} as the prompt, memory on at this
+mem_len, and shows where the model looked to predict it (the attention of the prompt's
+last {unit}); one **Step** then writes that very {unit}, with its prediction with memory
+and without: the numbers listed here.
+"""

@@ -228,6 +228,10 @@
     const a = (0.85 * Math.min(1, Math.abs(bits) / 4)).toFixed(3); // saturates at 4 bits
     return bits >= 0 ? `rgba(37,99,235,${a})` : `rgba(220,38,38,${a})`;
   }
+  // The hover's words for a token shaded by memory's effect (here and in the Score tab).
+  function effectTip(what, e, without = "without") {
+    return `${what} · p with memory ${e.pWith.toPrecision(3)}, ${without} ${e.pWithout.toPrecision(3)} · memory ${e.bits >= 0 ? "saved" : "cost"} ${Math.abs(e.bits).toFixed(2)} bits`;
+  }
 
   function mountText(element, props, watch) {
     const root = element.querySelector(".txl-textview");
@@ -306,7 +310,7 @@
       const box = root.getBoundingClientRect(), s = span.getBoundingClientRect();
       const what = `'${visible(span.textContent.replace("↵\n", "\n"))}' at ${i}`;
       if (shade.mode === "effect" && ef)
-        tip.textContent = `${what} · p with memory ${ef.pWith.toPrecision(3)}, without ${ef.pWithout.toPrecision(3)} · memory ${ef.bits >= 0 ? "saved" : "cost"} ${Math.abs(ef.bits).toFixed(2)} bits`;
+        tip.textContent = effectTip(what, ef);
       else if (v.w && i >= v.w0 && i < v.w0 + v.w.length)
         tip.textContent = `${what} · ${v.pos - i} back · weight ${weight(v.w[i - v.w0])}`;
       else return;
@@ -406,5 +410,5 @@
         }
   }).observe(document.body, { childList: true, subtree: true });
 
-  window.TXL = { mountAttention, mountText, togglePlay, viridis };
+  window.TXL = { mountAttention, mountText, togglePlay, viridis, effectAt, effectColor, effectTip, visible };
 })();
