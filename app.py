@@ -120,16 +120,31 @@ class TXLApp(Server):
             and t.memory == info["memory"]
             and t.memory_tokens == info["tokens"]
         )
-        roles = viz.roles_from_trace(n, t) if fresh else viz.roles_from_info(n, info)
+        window = s.seg_len  # what a model without memory sees: the window line
+        roles = (
+            viz.roles_from_trace(n, t, window) if fresh else viz.roles_from_info(n, info, window)
+        )
         layer, head = self.view_choice(s, layer, head)
         unit = s.tokenizer.unit
         shaded = t if fresh and t.attentions is not None else None
         effect = s.memory_effect
         view = viz.text_view(
-            s.pieces, roles, shaded, layer, head, info["memory"], unit=unit, effect=effect
+            s.pieces,
+            roles,
+            shaded,
+            layer,
+            head,
+            info["memory"],
+            unit=unit,
+            effect=effect,
+            window=window,
         )
         latency = t.latency_ms if fresh else None
-        status = viz.status_markdown(info, n, latency, unit=unit, saved=effect.bits_saved())
+        share = viz.beyond_window_share(shaded, window, layer, head)
+        beyond = None if share is None else (share, window, viz.choice_words(layer, head))
+        status = viz.status_markdown(
+            info, n, latency, unit=unit, saved=effect.bits_saved(), beyond=beyond
+        )
         return s.text, view, status
 
     @staticmethod
@@ -146,7 +161,9 @@ class TXLApp(Server):
         # One layer and one head chosen: its four score terms, as strips and in the summary.
         terms = anatomy_viz.step_terms(t, layer, head, s.model.layers[0].attn.scale)
         unit = s.tokenizer.unit
-        view = viz.attention_view(t, s.pieces, layer, head, HEATMAP_COLUMNS, unit, terms=terms)
+        view = viz.attention_view(
+            t, s.pieces, layer, head, HEATMAP_COLUMNS, unit, terms=terms, window=s.seg_len
+        )
         return view, viz.step_summary(t, s.memory_info(), far=s.seg_len, terms=terms)
 
     @staticmethod
@@ -175,14 +192,24 @@ class TXLApp(Server):
             return text_view, self.attention_views(state, layer, head)[0]
         layer, head = self.view_choice(s, layer, head)
         pieces, n = s.pieces[: t.position + 1], t.position + 1
-        roles = viz.roles_from_trace(n, t)
+        window = s.seg_len
+        roles = viz.roles_from_trace(n, t, window)
         unit = s.tokenizer.unit
         text_view = viz.text_view(
-            pieces, roles, t, layer, head, t.memory, unit=unit, effect=s.memory_effect
+            pieces,
+            roles,
+            t,
+            layer,
+            head,
+            t.memory,
+            unit=unit,
+            effect=s.memory_effect,
+            window=window,
         )
         steps_back = min(back, len(s.history) - 1)  # past_trace clamps the same way
+        history = (steps_back, len(s.history))
         attention = viz.attention_view(
-            t, pieces, layer, head, HEATMAP_COLUMNS, unit, history=(steps_back, len(s.history))
+            t, pieces, layer, head, HEATMAP_COLUMNS, unit, history=history, window=window
         )
         return text_view, attention
 
@@ -257,7 +284,9 @@ class TXLApp(Server):
                 self.start(s, prompt)
             self.check_room(s)
             # The four score terms (~20 % of a step) only when the view shows them: one head.
-            s.step(terms=None not in self.view_choice(s, layer, head))
+            # After Watch it (the Score tab), the Step writes the moment's own character.
+            terms = None not in self.view_choice(s, layer, head)
+            s.step(terms=terms, token=self.replayed_token(state, prompt))
             return self.all_views(state, layer, head, started)
 
     def reset(self, state):
@@ -364,7 +393,7 @@ class TXLApp(Server):
         with gr.Blocks(title="Transformer-XL memory", delete_cache=(600, 3600)) as demo:
             state = gr.State(None, time_to_live=ttl, delete_callback=self.sessions.release)
             gr.Markdown(HEADER, elem_id="header")
-            with gr.Tabs() as tabs:
+            with gr.Tabs(elem_id="tabs") as tabs:
                 with gr.Tab("Watch the memory", id="watch"):
                     ui = self.watch_tab()
                 with gr.Tab("Does memory help?", id="score"):
@@ -373,7 +402,7 @@ class TXLApp(Server):
                     ui.update(recall_tab.build(self))
                 with gr.Tab("Inside the attention", id="anatomy"):
                     ui.update(anatomy_tab.build(self, EXAMPLES))
-            ui["tabs"] = tabs  # Watch it switches to the Watch tab
+            ui["tabs"] = tabs  # Watch it (the Score tab) switches to the Watch tab
             self.wire(ui, state)
             anatomy_tab.wire(self, ui, state)
             recall_tab.wire(self, ui, state)  # /recall
@@ -529,7 +558,7 @@ class TXLApp(Server):
         # Play runs in the page (txl/web/views.js): Step after Step, no loop on the server.
         ui["play"].click(None, js="() => { TXL.togglePlay(); }")
         ui["reset"].click(self.reset, [state], views, api_name="reset")
-        score_tab.wire(self, ui, state)  # /score
+        score_tab.wire(self, ui, state, views)  # /score, and Watch it
         ui["load"].click(
             self.load_model,
             [ui["source"], state],
@@ -618,8 +647,11 @@ and which text has already fallen out of memory.
 HEATMAP_HELP = """\
 Rows are layers (or the heads of one layer), columns the keys in text order: \
 **memory** left of the dashed line, the **current segment** right of it (in step-by-step \
-generation the current segment is the new token itself); the bar on the right is each \
-row's share of attention on memory. Beyond 160 keys, columns sum buckets of neighbouring \
+generation the current segment is the new token itself). The solid blue line is the edge \
+of **the window**: the last `tgt_len` tokens, all that a model without memory sees; keys \
+left of it are reachable only through memory. The bar on the right is each row's share of \
+attention **beyond the window** (its share on all of memory in lighter blue behind it), \
+and the status line leads with it. Beyond 160 keys, columns sum buckets of neighbouring \
 keys. Hover a cell, or a character of the text, for its weight and distance; **⤓ PNG** \
 saves the view. Under it, the **next-character prediction with memory and without** (the \
 same model on only the last segment): the sampled character is outlined, and \

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -19,6 +21,7 @@ from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
 from benchmarks.bench_app import api_client  # noqa: E402
+from tabs.examples import ROMEO_AND_JULIET  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
 from txl import serve as txl_serve  # noqa: E402
 from txl.session import Session  # noqa: E402
@@ -207,6 +210,54 @@ def test_memory_off_changes_what_attention_covers(client):
     assert step(client, mem_len=48)[5]["n_memory"] == MEM_LEN + 1
 
 
+def shown_share(status: str) -> float:
+    """The percentage the status line leads with."""
+    match = re.match(r"attention beyond the window: \*\*([\d.]+) %\*\*", status)
+    assert match, status
+    return float(match.group(1))
+
+
+def test_step_summary_share_beyond_the_window_is_the_attention_views_weights_summed(client):
+    """The window line: the step summary's beyond-window share (far_mass_per_layer) is the
+    attention view's weights summed over the keys tgt_len or more back, row by row (one
+    row per layer, the mean over heads), and the bars the view draws; the status line
+    leads with it for the shown layer and head (the text's shading summed before the
+    window); the text marks the window's edge and the memory beyond it."""
+    generate(client, n_tokens=3 * MEM_LEN)
+    text, text_view, status, attention, _, summary, _ = step(client)
+    pos = attention["pos"]
+    assert summary["far"] == attention["window"] == SEG_LEN
+    beyond = [c for c, last in enumerate(attention["last"]) if pos - last >= SEG_LEN]
+    assert beyond == list(range(attention["n_far_cols"])) and len(beyond) == MEM_LEN + 1 - SEG_LEN
+    w = attention["w"]
+    summed = [sum(row[c] for c in beyond) for row in w]
+    assert summary["far_mass_per_layer"] == pytest.approx(summed, abs=2e-4)
+    assert attention["far"] == pytest.approx(summary["far_mass_per_layer"], abs=1e-4)
+    assert max(summary["far_mass_per_layer"]) > 0.1  # something to see: not a zero check
+    # The status: the mean over layers and heads, as the text is shaded.
+    share = sum(text_view["w"][: pos - SEG_LEN + 1 - text_view["w0"]])
+    assert status.startswith("attention beyond the window: **")
+    assert shown_share(status) == pytest.approx(100 * share, abs=0.051)  # 1 decimal
+    assert text_view["window_start"] == pos - SEG_LEN + 1
+    roles = {first: role for role, first, _ in text_view["runs"]}
+    assert roles[text_view["window_start"]] == "memory"
+    assert roles[text_view["w0"]] == "far"
+    # One layer and one head: the share of that head alone.
+    out = client.predict(
+        prompt="ROMEO:\n", **settings(), layer="layer 1", head="head 0", api_name="/step"
+    )
+    text_view, status, attention = out[1], out[2], out[3]
+    cols = attention["n_far_cols"]
+    assert attention["far"][0] == pytest.approx(sum(attention["w"][0][:cols]), abs=2e-4)
+    share = sum(text_view["w"][: attention["pos"] - SEG_LEN + 1 - text_view["w0"]])
+    assert shown_share(status) == pytest.approx(100 * share, abs=0.051)
+    assert " %** (layer 1, head 0;" in status
+    # Memory off: nothing lies beyond the window.
+    off = step(client, memory=False)
+    assert off[5]["far_mass_per_layer"] == [0.0, 0.0] and off[3]["n_far_cols"] == 0
+    assert off[2].startswith("attention beyond the window: **0.0 %**")
+
+
 def test_step_returns_the_attention_of_the_new_character(client):
     text, text_view, status, attention, history, summary, predictions = step(client)
     assert attention["pos"] == len(text) - 1 == summary["position"] == text_view["pos"]
@@ -290,12 +341,107 @@ def test_score_numbers_equal_a_direct_score(server, client):
     assert numbers["mem_len"] == MEM_LEN // 2
 
 
-def test_score_skips_the_sliding_window_of_long_texts(client, monkeypatch):
+MOMENTS_TEXT = ROMEO_AND_JULIET[:400]  # no repeats: no two characters read alike
+
+
+def test_score_moments_are_the_top_5_of_direct_per_character_differences(server, client):
+    """/score's numbers gain "moments": the 5 characters where memory saved the most bits
+    over the sliding window, as the JSON contract says, equal to the top 5 of the per-
+    character differences of a direct Score's arrays and of direct forwards."""
+    from tests.test_session import assert_top_k, direct_savings
+
+    numbers = client.predict(text=MOMENTS_TEXT, mem_len=MEM_LEN, api_name="/score")[2]
+    moments = numbers["moments"]
+    assert len(moments) == 5
+    for m in moments:
+        assert set(m) == {"position", "char", "bits_memory", "bits_window", "bits_saved",
+                          "context"}
+        p = m["position"]
+        assert m["char"] == MOMENTS_TEXT[p]
+        assert m["context"] == MOMENTS_TEXT[max(0, p - 40) : p + 41]
+        assert m["bits_saved"] == pytest.approx(m["bits_window"] - m["bits_memory"], abs=2e-4)
+    model = server[1].default_model
+    direct = Session(model, mem_len=MEM_LEN).score(MOMENTS_TEXT)  # the arrays, in-process
+    saved = direct.bits_sliding.astype(float) - direct.bits_with
+    assert [m["position"] for m in moments] == (1 + (-saved).argsort(kind="stable")[:5]).tolist()
+    for m in moments:
+        assert m["bits_memory"] == pytest.approx(direct.bits_with[m["position"] - 1], abs=1e-4)
+        assert m["bits_window"] == pytest.approx(direct.bits_sliding[m["position"] - 1], abs=1e-4)
+    forwards = direct_savings(model, MOMENTS_TEXT, SEG_LEN, MEM_LEN)  # by direct forwards
+    as_moments = [SimpleNamespace(position=m["position"], bits_saved=m["bits_saved"])
+                  for m in moments]
+    assert_top_k(as_moments, forwards[:, 1] - forwards[:, 0], k=5, tolerance=2e-4)
+
+
+def test_watch_it_prompt_is_the_text_before_the_moment(server):
+    """Server.score_moments / moment_prompt: after a Score, the view and the choices of
+    its moments; a moment's prompt is the text before it, at the Score's mem_len, and a
+    Session started on it predicts that very character as the Score did."""
+    txl_app = server[1]
+    state = txl_app.ensure(None)
+    with pytest.raises(gr.Error, match="Score a text first"):
+        txl_app.moment_prompt(state, 5)
+    *_, last = txl_app.score(MOMENTS_TEXT, MEM_LEN // 2, state)
+    moments = last[2]["moments"]
+    view, dropdown = txl_app.score_moments(state)
+    assert [m["position"] for m in view["moments"]] == [m["position"] for m in moments]
+    assert view["text"] == MOMENTS_TEXT and len(view["effect"]["with"]) == len(MOMENTS_TEXT) - 1
+    assert [value for _, value in dropdown.choices] == [m["position"] for m in moments]
+    assert dropdown.value == moments[0]["position"]
+    tokenizer = txl_app.default_model.tokenizer
+    for m in moments:
+        prompt, mem_len, token = txl_app.moment_prompt(state, m["position"])
+        assert prompt == MOMENTS_TEXT[: m["position"]] and mem_len == MEM_LEN // 2
+        assert token == tokenizer.encode(m["char"])[0]
+        s = Session(txl_app.default_model, mem_len=mem_len)
+        s.start(prompt)
+        bits = -torch.log_softmax(s.next_logits.double(), -1)[token].item() / math.log(2)
+        assert bits == pytest.approx(m["bits_memory"], abs=1e-4)
+    for bad in (0, len(MOMENTS_TEXT), "x", None):
+        with pytest.raises(gr.Error, match="Pick a moment"):
+            txl_app.moment_prompt(state, bad)
+
+    # Watch it: the session starts on the prompt, memory on at the Score's mem_len, the
+    # prompt's last character's attention captured; the next Step writes the moment's
+    # character, its prediction with and without memory the Score's numbers.
+    m = moments[1]
+    txl_app.apply_settings(state.session, False, MEM_LEN, 1.0, 0, 1.0, 0)  # memory off
+    prompt = txl_app.watch_moment(state, m["position"], (1.0, 0, 1.0, 7))
+    s = state.session
+    assert prompt == s.text == MOMENTS_TEXT[: m["position"]]
+    assert s.memory and s.mem_len == MEM_LEN // 2 and s.seed == 7
+    t = s.last_trace
+    assert t.position == m["position"] - 1 and t.attentions is not None
+    assert t.key_positions[-1] == t.position and t.predictions is None
+    out = txl_app.step(prompt, True, MEM_LEN // 2, 1.0, 0, 1.0, 7, None, None, state)
+    text, summary = out[0], out[5]
+    assert text == MOMENTS_TEXT[: m["position"] + 1]  # the moment's own character
+    p = summary["predictions"]
+    assert p["chosen"] == m["char"]
+    assert -math.log2(p["p_chosen"]["with_memory"]) == pytest.approx(m["bits_memory"], abs=1e-3)
+    assert -math.log2(p["p_chosen"]["without_memory"]) == pytest.approx(
+        m["bits_window"], abs=1e-3
+    )
+    assert p["bits_saved"] == pytest.approx(m["bits_saved"], abs=1e-3)
+    # Once: the next Step samples again (a replay left by Watch it expires with its text).
+    assert state.replay is None
+    txl_app.watch_moment(state, m["position"], (1.0, 0, 1.0, 7))
+    txl_app.step("another prompt", True, MEM_LEN // 2, 1.0, 0, 1.0, 7, None, None, state)
+    assert state.replay is None and s.text.startswith("another prompt")
+
+
+def test_score_skips_the_sliding_window_of_long_texts(server, client, monkeypatch):
     monkeypatch.setattr(txl_serve, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
     _, summary, numbers, _, _ = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN, api_name="/score")
     assert numbers["bpc"]["sliding_window"] is None
     assert numbers["seconds"]["sliding_window"] is None
     assert math.isfinite(numbers["bpc"]["memory"]) and "sliding window is computed" in summary
+    assert numbers["moments"] is None  # no window: no moments, and nothing to watch
+    state = server[1].ensure(None)
+    *_, last = server[1].score(SCORE_TEXT, MEM_LEN, state)
+    assert last[2]["moments"] is None and state.scored is None
+    view, choices = server[1].score_moments(state)
+    assert view is None and choices.choices == []
 
 
 def test_score_streams_its_stages_and_ends_with_the_direct_sliding_window(server, client):

@@ -171,6 +171,65 @@ def test_trace_lines_up_with_the_text(peaky):
         assert trace.memory_tokens == p + 1 and trace.memory_bytes == s.kv.nbytes > 0
 
 
+def test_a_captured_prompt_shows_where_its_last_token_looked(peaky):
+    """start(prompt, capture=True): last_trace is the prompt's last token as it was read,
+    over the memory and its own segment: with a memory that holds everything, the last
+    query of a full forward; with a short one, memory + segment keys. The pending
+    prediction is the same as without capture; nothing goes to the history."""
+    s = Session(peaky, memory=True, mem_len=100, seg_len=4)
+    s.start(TEXT[:10], capture=True)
+    t = s.last_trace
+    assert t.position == 9 and t.char == TEXT[9] and t.predictions is None
+    assert t.key_positions.tolist() == list(range(10)) and t.n_memory == 8  # segment 8..9
+    with torch.no_grad():
+        out = peaky(torch.tensor([s.ids]), output_attentions=True, mem_len=100)
+    expected = torch.stack([a[0, :, -1] for a in out.attentions]).numpy()
+    np.testing.assert_allclose(t.attentions, expected, atol=1e-5)
+    assert not s.history
+
+    short = Session(peaky, memory=True, mem_len=6, seg_len=4)
+    short.start(TEXT[:18], capture=True)  # segments ..16..17: memory 10..15
+    t = short.last_trace
+    assert (t.position, t.n_memory, t.key_positions.tolist()) == (17, 6, list(range(10, 18)))
+    np.testing.assert_allclose(t.attentions.sum(-1), 1.0, atol=1e-5)
+    assert t.memory_tokens == short.memory_info()["tokens"] == 6
+    plain = Session(peaky, memory=True, mem_len=6, seg_len=4)
+    plain.start(TEXT[:18])
+    assert plain.last_trace is None
+    torch.testing.assert_close(short.next_logits, plain.next_logits, rtol=0, atol=1e-6)
+
+    off = Session(peaky, memory=False, seg_len=4)
+    off.start(TEXT[:18], capture=True)
+    t = off.last_trace
+    assert t.key_positions.tolist() == [14, 15, 16, 17] and t.n_memory == 0 and not t.memory
+    with torch.no_grad():
+        out = peaky(torch.tensor([off.ids[14:]]), output_attentions=True, mem_len=4)
+    expected = torch.stack([a[0, :, -1] for a in out.attentions]).numpy()
+    np.testing.assert_allclose(t.attentions, expected, atol=1e-5)
+
+
+def test_a_step_can_write_a_given_token(peaky):
+    """step(token=...): the token is appended instead of a sampled one; its prediction is
+    that of the pending logits; the generator is not drawn from; a bad token changes
+    nothing."""
+    a, b = (Session(peaky, mem_len=6, seg_len=4, temperature=1.0) for _ in range(2))
+    a.start(TEXT[:9])
+    b.start(TEXT[:9])
+    token = a.tokenizer.encode("h")[0]
+    p = torch.softmax(a.next_logits.double(), -1)[token].item()
+    trace = a.step(token=token)
+    assert a.text == TEXT[:9] + "h" and trace.token_id == token
+    assert trace.predictions.chosen == token
+    assert trace.predictions.p_with == pytest.approx(p, rel=1e-9)
+    b.step(token=token)
+    assert a.step().token_id == b.step().token_id  # the same generator state after it
+    before = state(a)
+    for bad in (-1, len(VOCAB), 2.5, "h"):
+        with pytest.raises(ValueError):
+            a.step(token=bad)
+        assert same_state(state(a), before)
+
+
 def test_trace_with_a_full_memory(peaky):
     s = Session(peaky, memory=True, mem_len=6, seg_len=4, temperature=1.0)
     s.start(TEXT[:20])
@@ -547,6 +606,63 @@ def test_score_three_ways_agree_when_one_segment_holds_the_text(peaky):
     assert_ulps_close(result.bits_with, result.bits_without, SAME_SUMS)
     assert_ulps_close(result.bits_sliding, result.bits_without, SAME_SUMS)
     assert result.bits_sliding.shape == (len(TEXT) - 1,)
+
+
+def direct_savings(model, text: str, seg_len: int, mem_len: int) -> np.ndarray:
+    """[len(text) - 1, 2] each character's surprisal (bits) with memory and through the
+    window, by direct forwards: with memory, a Session fed the text before it (the prompt
+    Watch it gives the Watch tab) and its pending logits; through the window, one plain
+    forward over the seg_len characters before it."""
+    s = Session(model, mem_len=mem_len, seg_len=seg_len)
+    ids = model.tokenizer.encode(text)
+    out = []
+    for t in range(1, len(ids)):
+        s.start(text[:t])
+        with_memory = torch.log_softmax(s.next_logits.double(), -1)[ids[t]]
+        window = full_forward(model, ids[max(0, t - seg_len) : t])
+        through_window = torch.log_softmax(window.double(), -1)[ids[t]]
+        out.append([-with_memory.item() / math.log(2), -through_window.item() / math.log(2)])
+    return np.asarray(out)
+
+
+def assert_top_k(moments, saved: np.ndarray, k: int, tolerance: float) -> None:
+    """``moments`` are the top ``k`` of ``saved`` ([L - 1], token t at t - 1), most first:
+    each one's saving is its entry, and every other token saved no more than the least of
+    them (within ``tolerance``: two savings that close may swap)."""
+    assert len(moments) == k
+    chosen = [m.position for m in moments]
+    np.testing.assert_allclose([m.bits_saved for m in moments], saved[np.array(chosen) - 1],
+                               atol=tolerance)
+    assert all(a.bits_saved >= b.bits_saved for a, b in zip(moments, moments[1:]))
+    others = np.delete(saved, np.array(chosen) - 1)
+    assert others.max() <= min(m.bits_saved for m in moments) + tolerance
+
+
+def test_moments_are_the_top_5_of_direct_per_character_savings(peaky):
+    """ScoreResult.moments(): the characters where memory saved the most bits over the
+    sliding window, exactly the top 5 of the score's own per-character arrays, and the top
+    5 of the same savings recomputed by direct forwards."""
+    s = Session(peaky, mem_len=6, seg_len=4)
+    result = s.score(TEXT)
+    moments = result.moments()
+    saved = result.bits_sliding.astype(np.float64) - result.bits_with
+    top = 1 + np.argsort(-saved, kind="stable")[:5]
+    assert [m.position for m in moments] == top.tolist()
+    direct = direct_savings(peaky, TEXT, seg_len=4, mem_len=6)  # [36, 2]
+    np.testing.assert_allclose(result.bits_with, direct[:, 0], atol=1e-4)
+    np.testing.assert_allclose(result.bits_sliding, direct[:, 1], atol=1e-4)
+    assert_top_k(moments, direct[:, 1] - direct[:, 0], k=5, tolerance=2e-4)
+    assert min(m.bits_saved for m in moments) > 0.2  # peaky weights: memory matters
+    for m in moments:
+        assert m.char == TEXT[m.position]
+        assert m.context == TEXT[max(0, m.position - 40) : m.position + 41]
+        np.testing.assert_allclose([m.bits_memory, m.bits_window], direct[m.position - 1],
+                                   atol=1e-4)
+    narrow = result.moments(k=2, context=3)
+    assert [m.position for m in narrow] == top[:2].tolist()
+    assert narrow[0].context == TEXT[max(0, top[0] - 3) : top[0] + 4]
+    assert s.score(TEXT, sliding=False).moments() is None  # no window: no moments
+    assert Session(peaky).score("a").moments() == []
 
 
 def test_score_of_short_texts_has_empty_sliding_bits(peaky):

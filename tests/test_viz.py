@@ -328,3 +328,163 @@ def test_score_numbers_are_plain_json():
     alone = viz.score_numbers(score_result(sliding=False))  # NaN -> null, no sweep
     assert alone["bpc"]["sliding_window"] is None and alone["seconds"]["sliding_window"] is None
     assert "context_sweep" not in alone
+
+
+# ---- the window line: what only memory reaches --------------------------------------
+
+
+def test_roles_mark_the_memory_beyond_the_window():
+    # keys 4..19 for the newest token at 19; memory 4..18; a window of 6: positions 14..19
+    t = make_trace(n_keys=16, n_memory=15, position=19)
+    roles = viz.roles_from_trace(20, t, window=6)
+    assert list(roles) == ["gone"] * 4 + ["far"] * 10 + ["memory"] * 5 + ["newest"]
+    assert list(viz.roles_from_trace(20, t)) == ["gone"] * 4 + ["memory"] * 15 + ["newest"]
+    # A window longer than the memory reaches: nothing is beyond it.
+    assert "far" not in viz.roles_from_trace(20, t, window=40)
+    # No fresh step: the window is the last 6 tokens of the text.
+    on = {"memory": True, "span": (3, 20), "context": 17}
+    assert list(viz.roles_from_info(20, on, 6)) == ["gone"] * 3 + ["far"] * 11 + ["memory"] * 6
+    off = {"memory": False, "span": (20, 20), "context": 6}
+    assert list(viz.roles_from_info(20, off, 6)) == ["gone"] * 14 + ["current"] * 6
+
+
+def test_text_view_starts_a_run_at_the_windows_edge():
+    t = make_trace(n_keys=16, n_memory=15, position=19)
+    text = "abcdefghijklmnopqrst"
+    view = viz.text_view(text, viz.roles_from_trace(20, t, 6), t, window=6)
+    assert view["window"] == 6 and view["window_start"] == 14
+    assert [first for _, first, _ in view["runs"]].count(14) == 1
+    assert [role for role, first, _ in view["runs"] if first == 14] == ["memory"]
+    assert "window of 6" in view["labels"]["far"]
+    # Memory too short to reach back past the window: the edge falls in "gone", a run starts
+    # there all the same (the browser marks the run that starts at window_start).
+    short = make_trace(n_keys=3, n_memory=2, position=19)
+    view = viz.text_view(text, viz.roles_from_trace(20, short, 6), short, window=6)
+    assert 14 in [first for _, first, _ in view["runs"]]
+    assert runs_positions(view) == list(range(20))
+    whole = viz.text_view(text[:5], ["memory"] * 5, window=6)  # all of it inside the window
+    assert whole["window_start"] is None
+    assert viz.text_view(text, ["memory"] * 20)["window_start"] is None  # no window given
+
+
+@pytest.mark.parametrize(
+    "n_keys, n_memory, n_far, max_cols",
+    [
+        (129, 128, 65, 160),
+        (2049, 2048, 1985, 160),
+        (2049, 2048, 1985, 128),
+        (1000, 937, 900, 100),
+        (300, 250, 0, 128),
+        (77, 76, 13, 8),
+    ],
+)
+def test_bucket_keys_respect_the_windows_edge(n_keys, n_memory, n_far, max_cols):
+    buckets = viz.bucket_keys(n_keys, n_memory, max_cols, n_far)
+    assert len(buckets) <= max_cols
+    assert buckets[0][0] == 0 and buckets[-1][1] == n_keys
+    assert all(b1 == a2 for (_, b1), (a2, _) in zip(buckets, buckets[1:]))  # contiguous
+    for edge in (n_memory, n_far):
+        assert all(not (a < edge < b) for a, b in buckets)  # none straddles an edge
+
+
+@pytest.mark.parametrize("n_keys, n_memory, max_cols", [(40, 39, 160), (2049, 2048, 128)])
+def test_attention_view_share_beyond_the_window_is_its_columns_summed(n_keys, n_memory, max_cols):
+    """The bar of each row (``far``) is the row's weights summed over the columns left of
+    the window's edge, is the step summary's far_mass_per_layer, and is the attention on
+    the keys ``window`` or more back, summed directly."""
+    window = 16
+    t = make_trace(n_keys=n_keys, n_memory=n_memory, position=5000)
+    view = json.loads(json.dumps(viz.attention_view(t, None, max_cols=max_cols, window=window)))
+    direct = t.attentions.astype(np.float64)[..., : n_keys - window].sum(-1).mean(-1)  # [L]
+    assert view["n_far"] == n_keys - window and view["window"] == window
+    cols = view["n_far_cols"]
+    assert view["last"][cols - 1] == 5000 - window  # the newest key beyond: `window` back
+    assert view["first"][cols] == 5000 - window + 1
+    w = np.asarray(view["w"])
+    np.testing.assert_allclose(w[:, :cols].sum(1), direct, atol=2e-4)
+    np.testing.assert_allclose(view["far"], direct, atol=1e-4)
+    summary = viz.step_summary(t, far=window)
+    np.testing.assert_allclose(summary["far_mass_per_layer"], view["far"], atol=1e-4)
+    # Columns whose newest key is `window` or more back: the same ones, by position.
+    beyond = [c for c, last in enumerate(view["last"]) if 5000 - last >= window]
+    assert beyond == list(range(cols))
+    # One layer: its heads and their mean.
+    heads = viz.attention_view(t, None, layer=1, max_cols=max_cols, window=window)
+    far = t.attentions[1].astype(np.float64)[:, : n_keys - window].sum(-1)
+    np.testing.assert_allclose(heads["far"], [*far, far.mean()], atol=1e-4)
+    none = viz.attention_view(t, None, max_cols=max_cols)  # no window: no edge
+    assert none["n_far_cols"] == 0 and none["far"] == [0.0, 0.0]
+
+
+def test_beyond_window_share_is_the_text_shading_summed_before_the_window():
+    t = make_trace(n_keys=40, n_memory=39, position=100)  # keys 61..100
+    for layer, head in ((None, None), (1, None), (None, 2), (0, 1)):
+        share = viz.beyond_window_share(t, 16, layer, head)
+        weights = viz.text_weights(t, layer, head)
+        assert share == pytest.approx(float(weights[:24].sum()), abs=1e-6)  # keys 61..84
+    assert viz.beyond_window_share(make_trace(attentions=False), 16) is None
+    assert viz.beyond_window_share(t, 64) == 0.0  # every key within the window
+    assert viz.choice_words(None, None) == "mean over layers and heads"
+    assert viz.choice_words(2, 1) == "layer 2, head 1"
+
+
+def test_status_leads_with_the_attention_beyond_the_window():
+    on = {"memory": True, "tokens": 64, "mem_len": 128, "bytes": 3 * 2**20, "context": 65}
+    line = viz.status_markdown(on, 200, beyond=(0.1234, 64, "layer 2, head 1"))
+    assert line.startswith("attention beyond the window: **12.3 %** (layer 2, head 1;")
+    assert "last 64 characters" in line and "Memory **on**" in line
+
+
+# ---- where memory mattered: the Score's moments ------------------------------------
+
+
+def test_top_moments_rank_the_savings_and_carry_their_context():
+    from txl.scoring import top_moments
+
+    text = "abcdefghijklmnopqrstuvwxyz"
+    bits_memory = np.full(25, 2.0)
+    bits_window = np.full(25, 2.0)
+    bits_window[[3, 10, 20]] = [5.0, 7.0, 5.0]  # tokens 4, 11, 21: a tie at 3 bits
+    bits_memory[7] = np.nan  # not finite: left out
+    bits_memory[0] = 3.0  # memory cost 1 bit on token 1
+    moments = top_moments(text, bits_memory, bits_window, k=4, context=3)
+    assert [m.position for m in moments] == [11, 4, 21, 2]  # the tie: the earlier first
+    m = moments[0]
+    assert (m.char, m.bits_memory, m.bits_window, m.bits_saved) == ("l", 2.0, 7.0, 5.0)
+    assert m.context == "ijklmno" and m.context_start == 8
+    assert moments[1].context == "bcdefgh" and moments[1].context_start == 1
+    assert top_moments(text, bits_memory, bits_window, k=1, context=5)[0].context == "ghijklmnopq"
+    assert top_moments(text, bits_memory, bits_window, context=40)[0].context == text
+    assert m.as_dict() == {"position": 11, "char": "l", "bits_memory": 2.0, "bits_window": 7.0,
+                           "bits_saved": 5.0, "context": "ijklmno"}
+    words = ["w0", " w1", " w2", " w3"]  # a word model: a list of tokens
+    assert top_moments(words, [1, 1, 1], [1, 4, 1], k=1)[0].char == " w2"
+    with pytest.raises(ValueError, match="need"):
+        top_moments(text, bits_memory[:-1], bits_window)
+
+
+def test_moments_view_shades_by_the_bits_saved_and_lists_the_moments():
+    from txl.scoring import top_moments
+
+    r = score_result(n=30)
+    r.first = "X"
+    r.pieces = [r.first, *r.chars]
+    r.bits_sliding = np.linspace(1, 4, 30)
+    moments = top_moments(r.pieces, r.bits_with, r.bits_sliding, k=5)
+    view = json.loads(json.dumps(viz.moments_view(r, moments)))
+    assert view["text"] == "X" + "a" * 30 and view["effect"]["start"] == 1
+    assert view["effect"]["with"] == [100] * 30  # 1 bit each, in centibits
+    assert view["effect"]["without"] == [round(100 * b) for b in r.bits_sliding]
+    assert [m["position"] for m in view["moments"]] == [30, 29, 28, 27, 26]
+    assert view["moments"][0]["context_start"] == 0  # 40 back is before the text's start
+    assert view["bits_saved"] == pytest.approx(float((r.bits_sliding - 1).sum()), abs=1e-4)
+    assert (view["window"], view["mem_len"], view["context"]) == (32, 64, 40)
+    assert viz.moments_view(score_result(sliding=False), None) is None
+    choices = viz.moment_choices(moments)
+    assert choices[0] == ("1. 'a' at 30: memory saved 3.00 bits (4.00 -> 1.00)", 30)
+    numbers = viz.score_numbers(r, None, moments)
+    assert [m["position"] for m in numbers["moments"]] == [30, 29, 28, 27, 26]
+    assert set(numbers["moments"][0]) == {
+        "position", "char", "bits_memory", "bits_window", "bits_saved", "context"
+    }
+    assert viz.score_numbers(r)["moments"] is None  # before the sliding window is done

@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -244,3 +245,85 @@ def context_sweep(
         seconds.append(time.perf_counter() - t0)
         bpc.append(mean_or_nan(bits))
     return ContextSweep.of(lengths, bpc, seconds, seg_len, tolerance)
+
+
+# ---- where memory mattered: the characters memory saved the most bits on ---------------
+
+MOMENTS = 5  # the Score's list of moments
+MOMENT_CONTEXT = 40  # tokens shown either side of a moment
+
+
+@dataclass
+class Moment:
+    """One token of a scored text and what memory saved on it over the sliding window.
+
+    ``position`` is its index in the text as scored (0-based; the first token is never
+    scored: nothing comes before it); bits are its surprisal -log2 p, with memory and
+    through the window; ``context`` is the text from ``context_start`` (up to
+    MOMENT_CONTEXT tokens before it) to MOMENT_CONTEXT tokens after it, so the token
+    itself is ``context[position - context_start]`` for a character model."""
+
+    position: int
+    char: str
+    bits_memory: float
+    bits_window: float
+    context: str
+    context_start: int
+
+    @property
+    def bits_saved(self) -> float:
+        """bits_window - bits_memory: > 0 where memory made the token likelier."""
+        return self.bits_window - self.bits_memory
+
+    def as_dict(self, digits: int = 4) -> dict:
+        """The /score numbers' entry (bits rounded to ``digits`` decimals; bits_saved is
+        the difference of the unrounded bits, rounded)."""
+        return {
+            "position": self.position,
+            "char": self.char,
+            "bits_memory": round(self.bits_memory, digits),
+            "bits_window": round(self.bits_window, digits),
+            "bits_saved": round(self.bits_saved, digits),
+            "context": self.context,
+        }
+
+
+def top_moments(
+    pieces,
+    bits_memory,
+    bits_window,
+    k: int = MOMENTS,
+    context: int = MOMENT_CONTEXT,
+) -> list[Moment]:
+    """The ``k`` tokens where memory saved the most bits over the window, most first (a tie
+    goes to the earlier token).
+
+    pieces: the text's tokens ([L]: a str for a character model, or a list of strings);
+    bits_memory, bits_window: [L - 1] surprisal in bits of tokens 1 .. L-1 (a
+    ScoreResult's ``bits_with`` and ``bits_sliding``). saved = bits_window - bits_memory
+    per token; tokens whose bits are not finite are left out."""
+    bits_memory = np.asarray(bits_memory, dtype=np.float64)
+    bits_window = np.asarray(bits_window, dtype=np.float64)
+    if not len(pieces) - 1 == bits_memory.size == bits_window.size:
+        raise ValueError(
+            f"{len(pieces)} tokens need {len(pieces) - 1} bits each way, got "
+            f"{bits_memory.size} and {bits_window.size}"
+        )
+    saved = bits_window - bits_memory  # [L - 1]: token t = index + 1
+    candidates = np.flatnonzero(np.isfinite(saved))
+    order = candidates[np.argsort(-saved[candidates], kind="stable")][: max(0, int(k))]
+    moments = []
+    for i in order:
+        t = int(i) + 1
+        a, b = max(0, t - context), t + context + 1
+        moments.append(
+            Moment(
+                position=t,
+                char=pieces[t],
+                bits_memory=float(bits_memory[i]),
+                bits_window=float(bits_window[i]),
+                context="".join(pieces[a:b]),
+                context_start=a,
+            )
+        )
+    return moments

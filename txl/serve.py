@@ -41,6 +41,7 @@ from .model import TransformerXL
 from .recall import DISTANCES, check_recall, probe_text, recall_probe
 from .recall_viz import recall_figure, recall_markdown, recall_numbers
 from .session import (
+    ScoreResult,
     Session,
     check_seed,
     check_temperature,
@@ -181,6 +182,11 @@ class UserState:
     last_used: float = field(default_factory=time.monotonic, repr=False)
     expired: bool = False  # released by Sessions: its text and memory are gone
     restored_s: float | None = None  # this request read the memory back from disk: seconds
+    # The last Score whose sliding window was done (its moments' Watch it reads the text)
+    scored: ScoreResult | None = field(default=None, repr=False)
+    # What Watch it left for the next Step: (prompt, tokens, token): while the session
+    # still holds that prompt's tokens alone, the Step writes the text's own token.
+    replay: tuple[str, int, int] | None = field(default=None, repr=False)
 
     @property
     def model(self) -> TransformerXL:
@@ -559,6 +565,8 @@ class Server:
                 result, sweep = stage.result, stage.sweep
                 summary = viz.score_markdown(result, seg_len, mem_len, unit=unit)
                 if stage.kind == "done":
+                    moments = result.moments()  # None without the sliding window
+                    state.scored = result if moments is not None else None
                     if not sliding:
                         summary += (
                             f"\n\n(The sliding window is computed for texts of up to "
@@ -568,7 +576,7 @@ class Server:
                     yield (
                         viz.surprisal_figure_from_result(result),
                         summary,
-                        viz.score_numbers(result, sweep),
+                        viz.score_numbers(result, sweep, moments),
                         viz.context_figure(sweep, unit=unit, sliding_bpc=result.bpc_sliding),
                         viz.context_markdown(sweep, unit=unit),
                         state,
@@ -676,6 +684,67 @@ class Server:
         text, start = probe_text(name, filler, k)
         return text[:start], mem_len
 
+    def score_moments(self, state: UserState | None):
+        """After a Score: where memory mattered (txl.viz.moments_view: the text shaded by
+        the bits memory saved over the sliding window, the five moments) and the Watch-it
+        choices, of this session's last Score with a sliding window (None and no choices
+        when there is none: a text too long for the window, or no Score yet)."""
+        scored = state.scored if state is not None and not state.expired else None
+        if scored is None:
+            return None, gr.Dropdown(choices=[], value=None, interactive=False)
+        moments, unit = scored.moments(), state.model.tokenizer.unit
+        choices = viz.moment_choices(moments, unit)
+        return viz.moments_view(scored, moments, unit), gr.Dropdown(
+            choices=choices, value=choices[0][1] if choices else None, interactive=True
+        )
+
+    def moment_prompt(self, state: UserState | None, position) -> tuple[str, int, int]:
+        """(prompt, mem_len, token) that make a Watch-tab Step predict the token at
+        ``position`` of this session's last Score as the Score did: the text before it (as
+        scored), read in segments over a memory of the Score's mem_len (Session.feed reads
+        a prompt as the Score reads the text, so the pending prediction is the Score's),
+        and the id of that token."""
+        scored = state.scored if state is not None and not state.expired else None
+        if scored is None:
+            raise gr.Error(
+                f"Score a text first (up to {MAX_SLIDING_CHARS:,} characters: its sliding "
+                "window finds the moments), then pick a moment to watch."
+            )
+        pieces = scored.pieces
+        try:
+            position = as_int("moment", position, 1, len(pieces) - 1)
+        except ValueError as e:
+            raise gr.Error(f"Pick a moment of the last Score: {e}") from None
+        tokenizer = state.model.tokenizer
+        unknown = "replace" if tokenizer.unk_symbol is not None else "ignore"  # as Session
+        token = tokenizer.encode("".join(pieces[: position + 1]), errors=unknown)[-1]
+        return "".join(pieces[:position]), scored.mem_len, token
+
+    def watch_moment(self, state: UserState, position, settings: tuple) -> str:
+        """Watch it: this session started on the text before the moment at ``position`` of
+        its last Score, memory on at the Score's mem_len (``settings``: temperature,
+        top_k, top_p, seed, as apply_settings takes them), the attention of the prompt's
+        last token captured (where the model looked for the moment), and the moment's
+        own token left for the next Step to write. Returns the prompt."""
+        prompt, mem_len, token = self.moment_prompt(state, position)
+        with self.using(state, mem_len):
+            s = state.session
+            self.apply_settings(s, True, mem_len, *settings)
+            self.start(s, prompt, capture=True)
+            state.replay = (s.prompt, len(s.ids), token)
+        return prompt
+
+    @staticmethod
+    def replayed_token(state: UserState, prompt) -> int | None:
+        """The token Watch it left for this Step, while the session still holds the
+        prompt Watch it started and nothing after it (then once: the Step consumes it)."""
+        replay, state.replay = state.replay, None
+        if replay is None:
+            return None
+        at_prompt, n_tokens, token = replay
+        s = state.session
+        return token if at_prompt == (prompt or "") == s.prompt and len(s.ids) == n_tokens else None
+
     @staticmethod
     def restore_note(state: UserState) -> str:
         """For the status line: the memory came back from disk in this request."""
@@ -718,13 +787,13 @@ class Server:
             s.set_seed(seed)
 
     @staticmethod
-    def start(s: Session, prompt: str) -> None:
+    def start(s: Session, prompt: str, capture: bool = False) -> None:
         prompt = prompt or ""
         if len(prompt) > MAX_PROMPT_CHARS:
             raise ValueError(
                 f"the prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}"
             )
-        dropped = s.start(prompt)
+        dropped = s.start(prompt, capture)
         if dropped:
             how = (
                 "replaced by " + repr(s.tokenizer.unk_symbol)

@@ -48,13 +48,17 @@ from .predictions import MemoryEffect, Predictions, predictions, window_logits
 from .sampling import sample_next
 from .scoring import (
     CONTEXT_SWEEP_LENGTHS,
+    MOMENT_CONTEXT,
+    MOMENTS,
     SLIDING_BATCH,
     ContextSweep,
+    Moment,
     context_sweep,
     mean_or_nan,
     sliding_chunks,
     sliding_nll,
     stream_nll,
+    top_moments,
 )
 
 LN2 = math.log(2)
@@ -106,6 +110,22 @@ class ScoreResult:
     seconds_with: float = math.nan
     seconds_without: float = math.nan
     seconds_sliding: float = math.nan
+    first: str = ""  # the text's first token (not scored: nothing comes before it)
+
+    @property
+    def pieces(self) -> list[str]:
+        """The text as scored, token by token (position 0 is ``first``)."""
+        return [self.first, *self.chars] if self.first or self.chars else []
+
+    def moments(self, k: int = MOMENTS, context: int = MOMENT_CONTEXT) -> list[Moment] | None:
+        """The ``k`` tokens where memory saved the most bits over the sliding window, most
+        first, each with ``context`` tokens either side (``txl.scoring.top_moments``);
+        None until the sliding window is scored."""
+        if self.bits_sliding is None:
+            return None
+        if not self.chars:  # nothing was scored
+            return []
+        return top_moments(self.pieces, self.bits_with, self.bits_sliding, k, context)
 
 
 @dataclass
@@ -372,26 +392,39 @@ class Session:
         self.memory_effect = MemoryEffect()
         self.generator.manual_seed(self._seed)
 
-    def start(self, prompt: str) -> list[str]:
-        """Reset, then feed the prompt. Returns the unknown characters it held."""
+    def start(self, prompt: str, capture: bool = False) -> list[str]:
+        """Reset, then feed the prompt. Returns the unknown characters it held.
+        ``capture``: as in feed."""
         self.reset()
         self.prompt = prompt
-        return self.feed(prompt)
+        return self.feed(prompt, capture)
 
-    def feed(self, text: str) -> list[str]:
+    def feed(self, text: str, capture: bool = False) -> list[str]:
         """Append text: memory on, segment by segment of seg_len, the memory carried;
         memory off, one forward over the last seg_len tokens. Returns the unknown
-        characters (each once, in order of appearance) that were replaced or dropped."""
+        characters (each once, in order of appearance) that were replaced or dropped.
+        ``capture``: ``last_trace`` becomes the attention of the text's last token as it
+        was read (over the memory and its own segment): where the model looked for the
+        prediction now pending. Its ``predictions`` are None (nothing was sampled) and the
+        step history does not keep it."""
         new_ids, unknown = self.encode(text)
         if not self.ids and not new_ids:
             new_ids = [self.start_id]  # nothing to predict from: start a fresh line
         if not new_ids:
             return unknown
         self._append(new_ids)
+        position = len(self.ids) - 1
+        t0 = time.perf_counter()
         if self._memory_on:
-            self._feed_memory(new_ids)
+            attentions, n_memory, first_key = self._feed_memory(new_ids, capture)
         else:
-            self._forward_window(capture=False)
+            attentions, _ = self._forward_window(capture)
+            n_memory, first_key = 0, position + 1 - self._context
+        if capture:
+            latency_ms = (time.perf_counter() - t0) * 1e3
+            self.last_trace = self._trace(
+                position, attentions, None, n_memory, first_key, latency_ms
+            )
         return unknown
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
@@ -401,15 +434,24 @@ class Session:
 
     # ---- generation -----------------------------------------------------------------
 
-    def step(self, capture: bool = True, terms: bool = True) -> StepTrace:
+    def step(self, capture: bool = True, terms: bool = True, token: int | None = None) -> StepTrace:
         """Sample one token from the pending logits, append it, run the model on it.
         capture: keep its attention (and, with ``terms``, its score terms: they read the
-        keys a second time, ~10-30 % of a step)."""
+        keys a second time, ~10-30 % of a step). ``token``: append this token instead of
+        sampling one (a text replayed, such as the character a Score found memory saved
+        the most on); its predictions are computed all the same."""
         if self._logits is None:
             self.start("")
-        token = int(
-            sample_next(self._logits, self._temperature, self._top_k, self._top_p, self.generator)
-        )
+        if token is None:
+            token = int(
+                sample_next(
+                    self._logits, self._temperature, self._top_k, self._top_p, self.generator
+                )
+            )
+        else:
+            token = _as_int("token", token, 0)
+            if token >= self._logits.numel():
+                raise ValueError(f"token must be < {self._logits.numel()}, got {token}")
         position = len(self.ids)
         # What the token was drawn from, and what a memory-off Step would have drawn it
         # from: the last seg_len tokens before it, no memory (txl/predictions.py).
@@ -435,13 +477,25 @@ class Session:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         latency_ms = (time.perf_counter() - t0) * 1e3
+        self.last_trace = self._trace(
+            position, attentions, terms, n_memory, first_key, latency_ms, predicted
+        )
+        if attentions is not None:
+            self._remember(self.last_trace)
+        return self.last_trace
 
+    def _trace(
+        self, position, attentions, terms, n_memory, first_key, latency_ms, predicted=None
+    ) -> StepTrace:
+        """The StepTrace of the token at ``position``, the model call that read it just
+        made: its keys are the text positions [first_key, position], the first n_memory
+        of them the memory; ``attentions`` / ``terms`` as the model returns them."""
         if attentions is not None:  # the last query's row: per layer [H, K] -> [L, H, K]
             attentions = torch.stack([a[0, :, -1] for a in attentions]).float().cpu().numpy()
         if terms is not None:  # per layer [4, H, K] -> [L, 4, H, K]
             terms = torch.stack([t[:, 0, :, -1] for t in terms]).float().cpu().numpy()
-        self.last_trace = StepTrace(
-            token_id=token,
+        return StepTrace(
+            token_id=self.ids[position],
             char=self.pieces[position],
             position=position,
             attentions=attentions,
@@ -454,9 +508,6 @@ class Session:
             terms=terms,
             predictions=predicted,
         )
-        if attentions is not None:
-            self._remember(self.last_trace)
-        return self.last_trace
 
     def past_trace(self, back: int) -> StepTrace | None:
         """The captured step ``back`` steps before the newest one kept (0: the newest),
@@ -581,8 +632,10 @@ class Session:
                 stream_nll(self.model, streams[:, : seg_len + 1], seg_len, 0)
         first = reads(dict.fromkeys([mem_len, 0]))  # mem_len 0: one read
         (with_memory, s_with), (without, s_without) = first[mem_len], first[0]
+        pieces = self.tokenizer.pieces(ids.tolist())
         result = ScoreResult(
-            chars=self.tokenizer.pieces(ids.tolist())[1:],
+            chars=pieces[1:],
+            first=pieces[0] if pieces else "",
             bits_with=with_memory.numpy(),
             bits_without=without.numpy(),
             bpc_with=mean_or_nan(with_memory),
@@ -736,15 +789,22 @@ class Session:
         if self.tokenizer.unit != "character":
             self._pieces.extend(pieces)
 
-    def _feed_memory(self, ids: list[int]) -> None:
+    def _feed_memory(self, ids: list[int], capture: bool = False) -> tuple:
         """Feed ids (the tokens after the first _n_fed) through the KV memory, seg_len at a
-        time: O(len(ids)·(seg_len + mem_len)) work, not one quadratic forward."""
-        for a in range(0, len(ids), self._seg_len):
-            self._forward_memory(ids[a : a + self._seg_len], capture=False)
+        time: O(len(ids)·(seg_len + mem_len)) work, not one quadratic forward.
+        Returns the last segment's attentions (None unless ``capture``), and the memory it
+        read: its length, and the text position of its first key."""
+        attentions, n_memory, first_key = None, 0, self._n_fed
+        starts = range(0, len(ids), self._seg_len)
+        for a in starts:
+            n_memory, first_key = len(self.kv), self._n_fed - len(self.kv)
+            last = capture and a == starts[-1]
+            attentions, _ = self._forward_memory(ids[a : a + self._seg_len], capture=last)
         if len(ids) > 1:
             # The room a segment needed is not needed by the steps to come, and a session's
             # buffers count in the server's memory budget: keep a quarter of spare room.
             self.kv.shrink(max(16, self._mem_len // 4))
+        return attentions, n_memory, first_key
 
     @torch.no_grad()
     def _forward_memory(self, ids: list[int], capture: bool, terms: bool = False) -> tuple:

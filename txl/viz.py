@@ -26,16 +26,20 @@ import plotly.graph_objects as go
 
 # ---- roles of the characters ---------------------------------------------------------
 
-GONE, MEMORY, CURRENT, NEWEST = "gone", "memory", "current", "newest"
-ROLES = (GONE, MEMORY, CURRENT, NEWEST)
+GONE, FAR, MEMORY, CURRENT, NEWEST = "gone", "far", "memory", "current", "newest"
+ROLES = (GONE, FAR, MEMORY, CURRENT, NEWEST)
+# FAR: in memory, but beyond the window of a model without memory (the last seg_len tokens
+# up to the newest one): only memory reaches it. Memory off, nothing is FAR.
 ROLE_LABELS = {
     GONE: "fell out of memory",
+    FAR: "beyond the window: only memory reaches it",
     MEMORY: "in memory",
     CURRENT: "current segment",
     NEWEST: "newest token",
 }
 ROLE_LABELS_NO_MEMORY = {
     GONE: "outside the window",
+    FAR: "beyond the window",
     MEMORY: "in memory",
     CURRENT: "in the window",
     NEWEST: "newest token",
@@ -64,40 +68,58 @@ def token_label(piece: str) -> str:
 
 
 def text_roles(
-    n_chars: int, first_key: int, memory_end: int, newest: int | None = None
+    n_chars: int,
+    first_key: int,
+    memory_end: int,
+    newest: int | None = None,
+    window_start: int | None = None,
 ) -> np.ndarray:
     """Role of each of ``n_chars`` text positions (an array of role names).
 
     ``[0, first_key)`` fell out of memory (or out of the window); ``[first_key,
     memory_end)`` is in memory; ``[memory_end, n_chars)`` is the current segment; position
-    ``newest`` (the token just generated, when there is one) is the newest token.
+    ``newest`` (the token just generated, when there is one) is the newest token. With
+    ``window_start`` (the first position of the window a model without memory would see),
+    the memory before it is FAR: reachable only through memory.
     """
     first_key = int(np.clip(first_key, 0, n_chars))
     memory_end = int(np.clip(memory_end, first_key, n_chars))
     roles = np.full(n_chars, CURRENT, dtype=object)
     roles[:first_key] = GONE
     roles[first_key:memory_end] = MEMORY
+    if window_start is not None:
+        roles[first_key : int(np.clip(window_start, first_key, memory_end))] = FAR
     if newest is not None and 0 <= newest < n_chars:
         roles[newest] = NEWEST
     return roles
 
 
-def roles_from_trace(n_chars: int, trace) -> np.ndarray:
+def window_start(newest: int, window: int | None) -> int | None:
+    """The first text position of the window of ``window`` tokens that ends at ``newest``
+    (the tokens a model without memory sees: the newest and the window - 1 before it);
+    None without a window. Keys before it are ``window`` or more back: beyond the window."""
+    return None if window is None else newest - int(window) + 1
+
+
+def roles_from_trace(n_chars: int, trace, window: int | None = None) -> np.ndarray:
     """Roles as the keys of ``trace`` (a StepTrace) cover the text: its first n_memory keys
-    are memory, the others the current segment, its query the newest token."""
+    are memory, the others the current segment, its query the newest token; with
+    ``window`` (the session's seg_len), memory keys ``window`` or more back are FAR."""
     keys = np.asarray(trace.key_positions)
     first = int(keys[0]) if keys.size else trace.position
     memory_end = int(keys[trace.n_memory]) if trace.n_memory < keys.size else trace.position
-    return text_roles(n_chars, first, memory_end, trace.position)
+    start = window_start(trace.position, window)
+    return text_roles(n_chars, first, memory_end, trace.position, start)
 
 
-def roles_from_info(n_chars: int, info: dict) -> np.ndarray:
+def roles_from_info(n_chars: int, info: dict, window: int | None = None) -> np.ndarray:
     """Roles from ``Session.memory_info()`` when there is no fresh trace (after a prompt,
     a reset or a settings change): memory on, ``span`` is the memory; memory off, the last
-    ``context`` characters are the window."""
+    ``context`` characters are the window. ``window``: as in roles_from_trace, ending at
+    the last token."""
     if info["memory"]:
         start, end = info["span"]
-        return text_roles(n_chars, start, end)
+        return text_roles(n_chars, start, end, window_start=window_start(n_chars - 1, window))
     first = n_chars - int(info["context"])
     return text_roles(n_chars, first, first)
 
@@ -119,10 +141,13 @@ def status_markdown(
     latency_ms: float | None = None,
     unit: str = "character",
     saved: tuple[float, int] | None = None,
+    beyond: tuple[float, int, str] | None = None,
 ) -> str:
     """One line: memory on/off, tokens in memory, bytes, visible context, last latency;
     ``saved``: (bits, tokens) memory saved over the tokens produced with memory on
-    (``MemoryEffect.bits_saved``), as a running total."""
+    (``MemoryEffect.bits_saved``), as a running total. ``beyond``: (share, window, which
+    layer and head) of the newest token's attention beyond the window
+    (``beyond_window_share``), leading the line: what only memory gave it."""
     if info["memory"]:
         memory = (
             f"Memory **on** · {info['tokens']}/{info['mem_len']} tokens in memory "
@@ -130,7 +155,14 @@ def status_markdown(
         )
     else:
         memory = "Memory **off** · each prediction sees only the current window"
-    parts = [
+    parts = []
+    if beyond is not None:
+        share, window, which = beyond
+        parts.append(
+            f"attention beyond the window: **{100 * share:.1f} %** ({which}; the window: "
+            f"the last {window} {unit}s, all a model without memory sees)"
+        )
+    parts += [
         memory,
         f"the model sees **{info['context']}** previous tokens",
         f"{n_chars:,} {unit}s",
@@ -140,7 +172,7 @@ def status_markdown(
     if saved is not None and saved[1] > 0:
         bits, k = saved
         parts.append(
-            f"memory saved **{bits:,.1f} bits** over the last {k:,} {unit}s "
+            f"memory saved **{bits:,.1f} bits** over the last {k:,} {unit}{'s' if k > 1 else ''} "
             f"({bits / k:+.3f} bits/{'char' if unit == 'character' else unit})"
         )
     return " · ".join(parts)
@@ -149,27 +181,38 @@ def status_markdown(
 # ---- attention heatmap ---------------------------------------------------------------
 
 
-def bucket_keys(n_keys: int, n_memory: int, max_cols: int = 128) -> list[tuple[int, int]]:
+def bucket_keys(
+    n_keys: int, n_memory: int, max_cols: int = 128, n_far: int = 0
+) -> list[tuple[int, int]]:
     """Split key indices [0, n_keys) into at most ``max_cols`` contiguous ranges (a, b).
 
     With ``n_keys <= max_cols`` each key is its own range. Otherwise keys are summed into
-    buckets of equal width; no bucket straddles the memory/current boundary (ranges are
-    laid out from the boundary outwards, so the oldest memory bucket and the newest
-    current bucket may be narrower).
+    buckets of equal width; no bucket straddles a boundary: the memory/current one
+    (``n_memory``) nor the window's edge (``n_far``: the keys beyond the window). The keys
+    are cut at the boundaries into parts; the oldest part is laid out from its right end
+    (so its oldest bucket may be narrower), the others from their left ends (so their last
+    bucket may be narrower).
     """
     if n_keys <= 0:
         return []
     n_memory = int(np.clip(n_memory, 0, n_keys))
+    n_far = int(np.clip(n_far, 0, n_keys))
     max_cols = max(2, int(max_cols))
     if n_keys <= max_cols:
         return [(k, k + 1) for k in range(n_keys)]
-    n_current = n_keys - n_memory
+    edges = [0, *sorted({n_far, n_memory} - {0, n_keys}), n_keys]
+    parts = list(zip(edges, edges[1:]))  # contiguous, none empty
+    max_cols = max(max_cols, len(parts))
     width = math.ceil(n_keys / max_cols)
-    while math.ceil(n_memory / width) + math.ceil(n_current / width) > max_cols:
+    while sum(math.ceil((b - a) / width) for a, b in parts) > max_cols:
         width += 1
-    memory = [(max(0, b - width), b) for b in range(n_memory, 0, -width)][::-1]
-    current = [(a, min(n_keys, a + width)) for a in range(n_memory, n_keys, width)]
-    return memory + current
+    buckets = []
+    if n_memory > 0:  # memory comes first: its oldest part is laid out from its right end
+        (a0, b0), parts = parts[0], parts[1:]
+        buckets = [(max(a0, b - width), b) for b in range(b0, a0, -width)][::-1]
+    for a1, b1 in parts:
+        buckets += [(a, min(b1, a + width)) for a in range(a1, b1, width)]
+    return buckets
 
 
 def _layer_head_rows(
@@ -252,6 +295,7 @@ def attention_view(
     unit: str = "character",
     history: tuple[int, int] | None = None,
     terms: dict | None = None,
+    window: int | None = None,
 ) -> dict:
     """The newest token's attention over its keys, as the browser's attention view draws it.
 
@@ -260,6 +304,12 @@ def attention_view(
     summed into buckets beyond ``max_cols`` keys. ``w[r][c]`` is the weight of row r on
     column c; ``mass[r]`` the row's share on memory. Key columns carry the text position
     of their first and last key (distance = pos - position) and a label.
+    ``window`` (the session's seg_len: what a model without memory sees, the newest token
+    included): the keys ``window`` or more back are beyond it, reachable only through
+    memory. They are the first ``n_far`` keys and the first ``n_far_cols`` columns (no
+    bucket straddles the window's edge), and ``far[r]`` is row r's share on them: the sum
+    of ``w[r][:n_far_cols]`` (what the step summary's ``far_mass_per_layer`` holds for the
+    rows of all layers). No window: all three are 0.
     ``history``: (steps back, steps kept), when the view shows an earlier step.
     ``terms``: the chosen head's four score terms (txl.anatomy_viz.step_terms), drawn as
     strips under the view by txl/web/terms.js.
@@ -270,8 +320,9 @@ def attention_view(
     keys = np.asarray(trace.key_positions, dtype=np.int64)
     if attentions.ndim != 3 or attentions.shape[-1] != keys.size:
         raise ValueError(f"attentions {attentions.shape} do not match {keys.size} keys")
-    rows, labels = _layer_head_rows(attentions, layer, head)
-    buckets = bucket_keys(keys.size, trace.n_memory, max_cols)
+    rows, labels = _layer_head_rows(attentions, layer, head)  # [R, K]
+    n_far = far_keys(keys, trace.position, window) if window else 0
+    buckets = bucket_keys(keys.size, trace.n_memory, max_cols, n_far)
     sums = np.add.reduceat(rows, [a for a, _ in buckets], axis=1) if buckets else rows[:, :0]
     first = [int(keys[a]) for a, _ in buckets]
     last = [int(keys[b - 1]) for _, b in buckets]
@@ -285,8 +336,14 @@ def attention_view(
         "memory": bool(trace.memory),
         "unit": unit,
         "rows": labels,
-        "w": _rounded(sums),
+        # 5 decimals: a row's weights summed over the columns beyond the window stay within
+        # ~1e-4 of its exact share (4 decimals: up to 3e-3 over 64 columns)
+        "w": _rounded(sums, 5),
         "mass": _rounded(rows[:, : trace.n_memory].sum(axis=1)),
+        "far": _rounded(rows[:, :n_far].sum(axis=1)),
+        "window": int(window or 0),
+        "n_far": n_far,
+        "n_far_cols": sum(1 for a, _ in buckets if a < n_far),
         "first": first,
         "last": last,
         "labels": col_labels,
@@ -295,6 +352,26 @@ def attention_view(
         "history": list(history) if history else None,
         "terms": terms,
     }
+
+
+def beyond_window_share(
+    trace, window: int, layer: int | None = None, head: int | None = None
+) -> float | None:
+    """The newest token's attention on keys ``window`` or more back (beyond the window of
+    a model without memory), for one layer (or the mean over layers) and one head (or the
+    mean over heads): the sum of the text's shading (``text_weights``) before the window.
+    None when the step has no attention."""
+    if trace is None or trace.attentions is None:
+        return None
+    n_far = far_keys(trace.key_positions, trace.position, window)
+    return float(text_weights(trace, layer, head)[:n_far].astype(np.float64).sum())
+
+
+def choice_words(layer: int | None, head: int | None) -> str:
+    """Which layer and head a view shows, in words."""
+    if layer is None:
+        return "mean over layers and heads" if head is None else f"head {head}, mean over layers"
+    return f"layer {layer}, " + ("mean over heads" if head is None else f"head {head}")
 
 
 def text_weights(trace, layer: int | None = None, head: int | None = None) -> np.ndarray:
@@ -315,6 +392,7 @@ def text_view(
     max_chars: int = 6000,
     unit: str = "character",
     effect=None,
+    window: int | None = None,
 ) -> dict:
     """The text as the browser's text view draws it: runs of equal role, and with a fresh
     ``trace`` (one that captured attention) the newest token's weight on each key, so that
@@ -329,6 +407,12 @@ def text_view(
     effect on each token produced with memory on: ``effect`` in the dict is its
     ``view(...)`` of the shown tokens; for a word model, runs from its first token on are
     lists too (a character model's string runs are split by character in the browser).
+
+    ``window`` (the session's seg_len): ``window_start`` is the first position of the
+    window a model without memory sees, the last ``window`` tokens of the text (the text
+    ends at the newest token); the browser draws the window's edge before it (None: no
+    window, or the whole text is inside it). The roles (``roles_from_trace`` /
+    ``roles_from_info`` with the same window) mark the memory before it FAR.
     """
     if len(roles) != len(text):
         raise ValueError(f"{len(roles)} roles for {len(text)} characters")
@@ -347,6 +431,8 @@ def text_view(
     def one_by_one(k: int) -> bool:
         return (weights is not None and w0 <= k < w_end) or k >= e0
 
+    edge = len(text) - int(window) if window else 0  # a run starts at the window's edge
+
     runs, i = [], start
     while i < len(text):
         j = i + 1
@@ -355,16 +441,22 @@ def text_view(
             and roles[j] == roles[i]
             and (j < w0 or j >= w_end) == (i < w0 or i >= w_end)
             and (j < e0) == (i < e0)
+            and (j < edge) == (i < edge)
         ):
             j += 1
         pieces = text[i:j]
         runs.append([str(roles[i]), i, list(pieces) if one_by_one(i) else "".join(pieces)])
         i = j
+    labels = ROLE_LABELS if memory else ROLE_LABELS_NO_MEMORY
+    if window and memory:
+        labels = {**labels, FAR: f"beyond the window of {window}: only memory reaches it"}
     return {
         "earlier": start,
         "unit": unit,
         "memory": bool(memory),
-        "labels": ROLE_LABELS if memory else ROLE_LABELS_NO_MEMORY,
+        "labels": labels,
+        "window": int(window or 0),
+        "window_start": edge if edge > 0 else None,
         "runs": runs,
         "w0": w0,
         "w": weights,
@@ -879,9 +971,12 @@ The paper measures the same idea as *relative effective context length* (its Sec
 """
 
 
-def score_numbers(result, sweep=None) -> dict:
+def score_numbers(result, sweep=None, moments=None) -> dict:
     """The score tab's numbers as plain JSON (the /score endpoint's third output): bits
-    per token and seconds of each way of reading, and the memory-length sweep."""
+    per token and seconds of each way of reading, the memory-length sweep, and
+    ``moments`` (``ScoreResult.moments()``: the tokens memory saved the most bits on over
+    the sliding window, ``Moment.as_dict`` each; null until the sliding window is done,
+    and for texts too long for it)."""
 
     def number(x) -> float | None:
         return round(float(x), 4) if x is not None and np.isfinite(x) else None
@@ -901,6 +996,7 @@ def score_numbers(result, sweep=None) -> dict:
             "memory": number(result.seconds_with),
         },
         "sliding_window": int(result.window),
+        "moments": None if moments is None else [m.as_dict() for m in moments],
     }
     if sweep is not None:
         out["context_sweep"] = {
@@ -909,3 +1005,62 @@ def score_numbers(result, sweep=None) -> dict:
             "effective_context": sweep.effective,
         }
     return out
+
+
+def centibits(bits) -> list[int]:
+    """Surprisals in bits as integer centibits (2^(-x/100) is p to 0.7 %): the compact form
+    of the text views' memory's-effect shading (``MemoryEffect.view``)."""
+    return np.rint(100 * np.asarray(bits, dtype=np.float64)).astype(np.int64).tolist()
+
+
+def moments_view(result, moments, unit: str = "character", context: int = 40) -> dict | None:
+    """The Score tab's "where memory mattered", as txl/web/moments.js draws it: the scored
+    text (``result.pieces``: one string for a character model, else a list of tokens),
+    each token from position 1 on shaded by the bits memory saved over the sliding window
+    on it, in the format of the Watch tab's memory's-effect shading (``effect``: start,
+    surprisals with memory and through the window in centibits), and ``moments`` (the
+    ``Moment`` list, its entries as in /score's numbers plus ``context_start``) shown with
+    ``context`` tokens either side. None until the sliding window is done."""
+    if moments is None or getattr(result, "bits_sliding", None) is None:
+        return None
+    pieces = result.pieces
+    whole = unit == "character" and all(len(p) == 1 for p in pieces)
+    saved = np.asarray(result.bits_sliding, np.float64) - np.asarray(result.bits_with, np.float64)
+    return {
+        "unit": unit,
+        "text": "".join(pieces) if whole else list(pieces),
+        "effect": {
+            "start": 1,
+            "with": centibits(result.bits_with),
+            "without": centibits(result.bits_sliding),
+        },
+        "window": int(result.window),
+        "mem_len": int(result.mem_len),
+        "bits_saved": round(float(saved.sum()), 4),
+        "context": int(context),
+        "moments": [{**m.as_dict(), "context_start": m.context_start} for m in moments],
+    }
+
+
+def moment_choices(moments, unit: str = "character") -> list[tuple[str, int]]:
+    """The Watch-it dropdown: (label, position) of each moment, in rank order."""
+    return [
+        (
+            f"{r}. '{visible_text(m.char)}' at {m.position:,}: memory saved "
+            f"{m.bits_saved:.2f} bits ({m.bits_window:.2f} -> {m.bits_memory:.2f})",
+            m.position,
+        )
+        for r, m in enumerate(moments or [], start=1)
+    ]
+
+
+MOMENTS_HELP = """\
+**Where memory mattered.** When the sliding window is done, the text is shaded {unit} by
+{unit} by the bits memory saved over the window of the last {window} {unit}s (blue: memory
+made the {unit} likelier; red: less likely; hover for both probabilities), and the five
+{unit}s it saved the most on are listed in their context. Pick one and press **Watch it**:
+the Watch tab opens on the text up to that {unit} as the prompt, memory on at this
+mem_len, and shows where the model looked to predict it (the attention of the prompt's
+last {unit}); one **Step** then writes that very {unit}, with its prediction with memory
+and without: the numbers listed here.
+"""

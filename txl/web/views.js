@@ -20,6 +20,7 @@
     return `rgb(${(a[0] + (b[0] - a[0]) * f) | 0},${(a[1] + (b[1] - a[1]) * f) | 0},${(a[2] + (b[2] - a[2]) * f) | 0})`;
   }
   const TICKS = [0, 0.01, 0.1, 0.25, 0.5, 1];
+  const FAR_COLOR = "#1d4ed8"; // beyond the window: what only memory reaches
   const VISIBLE = { "\n": "↵", " ": "␣", "\t": "⇥", "\r": "␍" };
   const visible = (s) => (s.length === 1 ? VISIBLE[s] || s : s.trim() || s);
   const pct = (x) => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
@@ -66,41 +67,72 @@
       g.fillStyle = "#222";
       g.textAlign = "right";
       g.fillText(v.rows[r], M.left - 6, y + (M.row - 2) / 2);
-      // The row's share of attention on memory, as a bar and a number on the right.
-      const mx = M.left + L.plotW + 6, share = v.memory ? v.mass[r] : 0;
-      g.fillStyle = "rgba(59,130,246,0.25)";
-      g.fillRect(mx, y + 3, M.right - 10, M.row - 8);
-      g.fillStyle = "#3b82f6";
-      g.fillRect(mx, y + 3, (M.right - 10) * share, M.row - 8);
+      // The row's share of attention beyond the window (what only memory gave it) as a
+      // bar and a number on the right; its share on all of memory (the window's memory
+      // too) as a lighter bar behind it, seen where the two differ.
+      const mx = M.left + L.plotW + 6, bw = M.right - 10;
+      const far = v.far ? v.far[r] : 0, mem = v.memory ? v.mass[r] : 0;
+      g.fillStyle = "rgba(148,163,184,0.22)";
+      g.fillRect(mx, y + 3, bw, M.row - 8);
+      g.fillStyle = "rgba(59,130,246,0.3)";
+      g.fillRect(mx, y + 3, bw * Math.max(mem, far), M.row - 8);
+      g.fillStyle = FAR_COLOR;
+      g.fillRect(mx, y + 3, bw * far, M.row - 8);
       g.fillStyle = "#111";
       g.textAlign = "left";
-      g.fillText(pct(share), mx + 3, y + (M.row - 2) / 2);
+      g.fillText(pct(far), mx + 3, y + (M.row - 2) / 2);
     }
-    // Title, the memory | current boundary, the column labels (when they fit), colour bar.
+    // Title, the window's edge and the memory | current boundary, the column labels (when
+    // they fit), the colour bar.
     g.textAlign = "left";
     g.fillStyle = "#111";
     const back = v.history && v.history[0] ? ` · ${v.history[0]} steps ago` : "";
-    g.fillText(`newest ${v.unit} '${v.query}' (position ${v.pos})${back} attends to:`, 4, 10);
-    g.textAlign = "center";
-    g.fillStyle = "#555";
+    const title = `newest ${v.unit} '${v.query}' (position ${v.pos})${back} attends to:`;
+    g.fillText(title, 4, 10);
+    // The bars' heading, right of the title when there is room.
+    const heading = "beyond the window", titleW = g.measureText(title).width;
     g.font = "10px ui-sans-serif, system-ui, sans-serif";
-    g.fillText("on memory", M.left + L.plotW + 6 + (M.right - 10) / 2, M.top - 10);
+    if (4 + titleW + 12 + g.measureText(heading).width < width) {
+      g.textAlign = "right";
+      g.fillStyle = "#555";
+      g.fillText(heading, width - 2, 10);
+    }
     g.font = "12px ui-sans-serif, system-ui, sans-serif";
     const bottom = M.top + v.rows.length * M.row;
-    if (v.memory && v.n_mem_cols > 0 && v.n_mem_cols < L.cols) {
-      const x = M.left + v.n_mem_cols * L.cw;
-      g.strokeStyle = "#ef4444";
+    // The window's edge: keys left of it are `window` or more back, out of reach of a
+    // model without memory (solid blue); memory | current (dashed red). Each edge is
+    // labelled on both sides ("older ◀ │ ▶ newer"), unless that runs into a label
+    // already drawn or off the canvas (the view's help and the hover say it too).
+    const taken = [];
+    const label = (older, newer, x, color) => {
+      const a = x - 4 - g.measureText(older).width, b = x + 4 + g.measureText(newer).width;
+      if (a < 0 || b > width || taken.some(([c, d]) => a < d + 8 && c < b + 8)) return;
+      taken.push([a, b]);
+      g.fillStyle = color;
+      g.textAlign = "right";
+      g.fillText(older, x - 4, M.top - 10);
+      g.textAlign = "left";
+      g.fillText(newer, x + 4, M.top - 10);
+    };
+    const edge = (x, color, dash) => {
+      g.strokeStyle = color;
       g.lineWidth = 2;
-      g.setLineDash([5, 3]);
+      g.setLineDash(dash);
       g.beginPath();
       g.moveTo(x, M.top - 6);
       g.lineTo(x, bottom);
       g.stroke();
       g.setLineDash([]);
-      g.fillStyle = "#ef4444";
-      g.textAlign = x > width / 2 ? "right" : "left";
-      g.fillText("memory ◀ │ ▶ current", x + (x > width / 2 ? -4 : 4), M.top - 10);
+    };
+    const farCols = v.n_far_cols || 0;
+    const xw = M.left + farCols * L.cw, xm = M.left + v.n_mem_cols * L.cw;
+    const memoryEdge = v.memory && v.n_mem_cols > 0 && v.n_mem_cols < L.cols;
+    if (memoryEdge) edge(xm, "#ef4444", [5, 3]);
+    if (farCols > 0) {
+      edge(xw, FAR_COLOR, []);
+      label("only memory ◀", `▶ window of ${v.window}`, xw, FAR_COLOR);
     }
+    if (memoryEdge) label("memory ◀", "▶ current", xm, "#ef4444");
     g.fillStyle = "#333";
     g.textAlign = "center";
     if (L.cw >= 9) {
@@ -144,6 +176,7 @@
       // What was drawn, for tests and tools: columns, and how many of them are memory.
       root.dataset.columns = String(L.cols);
       root.dataset.memoryColumns = String(v.memory ? v.n_mem_cols : 0);
+      root.dataset.windowColumns = String(v.n_far_cols || 0); // beyond the window's edge
       painted(root, v.pos);
     }
     canvas.addEventListener("mousemove", (e) => {
@@ -156,7 +189,8 @@
         return;
       }
       const a = v.first[c], b = v.last[c];
-      const side = v.memory && c < v.n_mem_cols ? "memory" : "current";
+      const side = c < (v.n_far_cols || 0) ? "memory, beyond the window"
+        : v.memory && c < v.n_mem_cols ? "memory, in the window" : "current";
       const keys = a === b ? `key '${v.labels[c]}' at ${a}, ${v.pos - a} back`
         : `keys ${a}–${b} '${v.labels[c]}', ${v.pos - b}–${v.pos - a} back`;
       tip.textContent = `${v.rows[r]} · query '${v.query}' (${v.pos}) → ${keys} (${side}) · weight ${weight(v.w[r][c])}`;
@@ -194,6 +228,10 @@
     const a = (0.85 * Math.min(1, Math.abs(bits) / 4)).toFixed(3); // saturates at 4 bits
     return bits >= 0 ? `rgba(37,99,235,${a})` : `rgba(220,38,38,${a})`;
   }
+  // The hover's words for a token shaded by memory's effect (here and in the Score tab).
+  function effectTip(what, e, without = "without") {
+    return `${what} · p with memory ${e.pWith.toPrecision(3)}, ${without} ${e.pWithout.toPrecision(3)} · memory ${e.bits >= 0 ? "saved" : "cost"} ${Math.abs(e.bits).toFixed(2)} bits`;
+  }
 
   function mountText(element, props, watch) {
     const root = element.querySelector(".txl-textview");
@@ -211,7 +249,7 @@
         delete root.dataset.position;
         return;
       }
-      const roles = v.memory ? ["gone", "memory", "current", "newest"] : ["gone", "current", "newest"];
+      const roles = v.memory ? ["gone", "far", "memory", "current", "newest"] : ["gone", "current", "newest"];
       const effect = shade.mode === "effect";
       root.dataset.shade = shade.mode;
       const toggle = `<span class="txl-shade">${[["attention", "attention"], ["effect", "memory's effect"]]
@@ -222,13 +260,16 @@
           : v.w ? ` <span class="txl-heat-key">shade: attention of the newest ${esc(v.unit)} (${esc(v.layer)}, ${esc(v.head)})</span>` : "");
       const out = [];
       if (v.earlier) out.push(`<span class="txl-r-gone">[… ${v.earlier.toLocaleString()} earlier ${esc(v.unit)}s]\n</span>`);
+      // The window's edge: a mark before its first character (the run that starts there).
+      const edgeAt = v.window_start == null ? -1 : v.window_start;
       for (const [role, start, run] of v.runs) {
+        const mark = start === edgeAt ? " txl-win" : "";
         // A string run is one span, unless memory's effect shades its characters: a
         // character model's string is its tokens (a word model's effect runs are lists).
         const split = typeof run === "string" && effect && v.effect && v.unit === "character"
           && start + run.length > v.effect.start;
         if (typeof run === "string" && !split) {
-          out.push(`<span class="txl-r-${role}">${esc(run)}</span>`);
+          out.push(`<span class="txl-r-${role}${mark}">${esc(run)}</span>`);
           continue;
         }
         const text = split ? Array.from(run) : run;
@@ -239,20 +280,21 @@
           if (role === "newest" && (t === "\n" || t === " ")) t = t === "\n" ? "↵\n" : "␣";
           if (effect) {
             const e = effectAt(v, i);
-            if (e && role !== "newest") style = ` style="background:${effectColor(e.bits)}"`;
+            if (e && role !== "newest") style = ` style="background-color:${effectColor(e.bits)}"`;
             if (e) data = ` data-bits="${e.bits.toFixed(2)}"`;
           } else if (v.w && i >= v.w0 && i < v.w0 + v.w.length) {
             // Background alpha ~ sqrt(weight): the colour scale of the attention view.
             const w = v.w[i - v.w0];
-            if (role !== "newest") style = ` style="background:rgba(124,58,237,${(0.06 + 0.9 * Math.sqrt(w)).toFixed(3)})"`;
+            if (role !== "newest") style = ` style="background-color:rgba(124,58,237,${(0.06 + 0.9 * Math.sqrt(w)).toFixed(3)})"`;
             data = " data-w";
           }
-          if (!data && role !== "newest") {
+          const first = k === 0 ? mark : "";
+          if (!data && role !== "newest" && !first) {
             plain += t;
             continue;
           }
           if (plain) out.push(`<span class="txl-r-${role}">${esc(plain)}</span>`), (plain = "");
-          out.push(`<span class="txl-r-${role} txl-k" data-i="${i}"${data}${style}>${esc(t)}</span>`);
+          out.push(`<span class="txl-r-${role}${first} txl-k" data-i="${i}"${data}${style}>${esc(t)}</span>`);
         }
         if (plain) out.push(`<span class="txl-r-${role}">${esc(plain)}</span>`);
       }
@@ -268,7 +310,7 @@
       const box = root.getBoundingClientRect(), s = span.getBoundingClientRect();
       const what = `'${visible(span.textContent.replace("↵\n", "\n"))}' at ${i}`;
       if (shade.mode === "effect" && ef)
-        tip.textContent = `${what} · p with memory ${ef.pWith.toPrecision(3)}, without ${ef.pWithout.toPrecision(3)} · memory ${ef.bits >= 0 ? "saved" : "cost"} ${Math.abs(ef.bits).toFixed(2)} bits`;
+        tip.textContent = effectTip(what, ef);
       else if (v.w && i >= v.w0 && i < v.w0 + v.w.length)
         tip.textContent = `${what} · ${v.pos - i} back · weight ${weight(v.w[i - v.w0])}`;
       else return;
@@ -368,5 +410,5 @@
         }
   }).observe(document.body, { childList: true, subtree: true });
 
-  window.TXL = { mountAttention, mountText, togglePlay, viridis };
+  window.TXL = { mountAttention, mountText, togglePlay, viridis, effectAt, effectColor, effectTip, visible };
 })();

@@ -1,0 +1,66 @@
+"""Make assets/moments.png and assets/window-line.png (the README's pictures of "where
+memory mattered" and of the window line) in a real browser.
+
+    python assets/make_moments_screenshot.py            # the bundled weights
+
+Starts the app (python app.py, a free port), scores the balcony scene in the Score tab,
+waits for its moments (after the sliding window) and saves that section; then presses
+Watch it on the first moment, Steps once (the Step writes the moment's own character) and
+saves the Watch tab's main row: the window line in the attention view and the text, the
+bars with memory and without. Needs Debian's chromium and playwright.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_app import BUNDLED, start_app, stop_app  # noqa: E402
+from bench_browser import CHROMIUM, FLAGS  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=str(BUNDLED))
+    parser.add_argument("--moments", default=str(ROOT / "assets" / "moments.png"))
+    parser.add_argument("--window", default=str(ROOT / "assets" / "window-line.png"))
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    proc, url = start_app(args.model)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(600_000)
+            page.goto(url, wait_until="load")
+            page.wait_for_selector("#step")
+            page.get_by_role("tab", name="Does memory help?").click()
+            page.click("#score_btn")  # the balcony scene is in the box
+            page.wait_for_selector("#moments .txl-moments[data-moments]")
+            first = int(page.get_attribute("#moments .txl-moments", "data-moments").split(",")[0])
+            page.hover(f"#moments .txl-mom-text [data-i='{first}']")
+            page.locator("#moments").screenshot(path=args.moments)
+            print(page.inner_text("#moments .txl-mom-list"))
+
+            page.click("#watch_it")
+            page.wait_for_selector(f'#attention [data-position="{first - 1}"]')
+            page.click("#step")
+            page.wait_for_selector(f'#predictions .txl-pred[data-position="{first}"]')
+            page.wait_for_selector(f'#attention [data-position="{first}"]')
+            page.mouse.move(0, 0)
+            page.locator("#main-row").screenshot(path=args.window)
+            print(page.inner_text("#status"))
+            print(page.inner_text("#predictions .txl-pred-words"))
+            browser.close()
+    finally:
+        stop_app(proc)
+    print(f"wrote {args.moments} and {args.window}")
+
+
+if __name__ == "__main__":
+    main()
