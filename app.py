@@ -43,6 +43,7 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 from tabs import anatomy as anatomy_tab  # noqa: E402
+from tabs import moments as moments_tab  # noqa: E402
 from tabs import recall as recall_tab  # noqa: E402
 from tabs import score as score_tab  # noqa: E402
 from tabs.examples import EXAMPLES  # noqa: E402
@@ -406,6 +407,7 @@ class TXLApp(Server):
             self.wire(ui, state)
             anatomy_tab.wire(self, ui, state)
             recall_tab.wire(self, ui, state)  # /recall
+            moments_tab.wire(self, ui, state)  # the Watch tab's examples
             # the tabs' sliders
             api_names = {"score_mem": "mem_len", "anatomy_mem": "mem_len", "recall_mem": "mem_len"}
             name_input_errors((api_names.get(k, k), c) for k, c in ui.items())
@@ -428,9 +430,8 @@ class TXLApp(Server):
         )
         with gr.Row(elem_id="main-row"):
             with gr.Column(scale=5, min_width=340, elem_id="left"):
-                ui["prompt"] = gr.Textbox(
-                    "ROMEO:\n", lines=2, max_lines=6, label="Prompt", elem_id="prompt"
-                )
+                # The examples where memory matters, what to look at, and the prompt.
+                ui.update(moments_tab.build(self))
                 with gr.Row():
                     for name, variant in BUTTONS:
                         ui[name] = gr.Button(
