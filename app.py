@@ -99,6 +99,8 @@ PREDICTIONS_TEMPLATE = (
     '<div class="txl-pred"><div class="txl-empty">Step or Generate to see the next-token '
     'prediction with and without memory.</div><div class="txl-pred-body"></div></div>'
 )
+SUMMARY_TEMPLATE = '<pre class="txl-summary"></pre>'
+STATUS_TEMPLATE = '<div class="txl-status"></div>'
 TEXT_TEMPLATE = (
     '<div class="txl-textview"><div class="txl-legend"></div><div class="txl-text"></div>'
     '<div class="txl-tip"></div></div>'
@@ -290,6 +292,18 @@ class TXLApp(Server):
             s.step(terms=terms, token=self.replayed_token(state, prompt))
             return self.all_views(state, layer, head, started)
 
+    def step_page(
+        self, prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
+    ):
+        """The page's own Step (and Play's): /step's outputs, the four views' dicts
+        packed as one JSON string each (viz.packed), which the page copies far faster."""
+        text, text_view, status, attention, history, summary, predictions, state = self.step(
+            prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
+        )
+        views = (viz.packed(v) for v in (text_view, attention, summary, predictions))
+        text_view, attention, summary, predictions = views
+        return text, text_view, status, attention, history, summary, predictions, state
+
     def reset(self, state):
         """Forget the text and the memory (the settings stay)."""
         state = self.ensure(state)
@@ -437,6 +451,7 @@ class TXLApp(Server):
                         ui[name] = gr.Button(
                             name.title(), variant=variant, elem_id=name, min_width=70, size="md"
                         )
+                ui["step_api"] = gr.Button("Step", visible=False, elem_id="step_api")
                 ui["n_tokens"] = gr.Slider(
                     1,
                     MAX_NEW_TOKENS,
@@ -445,8 +460,14 @@ class TXLApp(Server):
                     label="Characters to generate",
                     elem_id="n_tokens",
                 )
-                ui["status"] = gr.Markdown(
-                    "Memory **on** · nothing generated yet", label="memory status", elem_id="status"
+                # One line, **bold** its only markup (txl/web/summary.js): a gr.Markdown
+                # parsed and sanitised it anew on every Step.
+                ui["status"] = gr.HTML(
+                    "Memory **on** · nothing generated yet",
+                    html_template=STATUS_TEMPLATE,
+                    js_on_load="TXL.mountStatus(element, props, watch)",
+                    label="memory status",
+                    elem_id="status",
                 )
                 ui["text_html"] = gr.HTML(
                     None,
@@ -529,7 +550,15 @@ class TXLApp(Server):
                         label="attention.json", visible=False, elem_id="export_file"
                     )
                 with gr.Accordion("Last step (JSON)", open=False):
-                    ui["summary"] = gr.JSON(label="summary", elem_id="summary")
+                    # Drawn by txl/web/summary.js, only while open: the page's Step sends
+                    # it packed (viz.packed), one JSON string that a gr.JSON cannot show.
+                    ui["summary"] = gr.HTML(
+                        None,
+                        html_template=SUMMARY_TEMPLATE,
+                        js_on_load="TXL.mountSummary(element, props, watch)",
+                        label="summary",
+                        elem_id="summary",
+                    )
                 gr.Markdown(HEATMAP_HELP)
         return ui
 
@@ -545,11 +574,15 @@ class TXLApp(Server):
         model = dict(concurrency_id="model")  # Generate, Continue and Step share a limit
 
         ui["generate"].click(self.generate, gen_inputs, views, api_name="generate", **model)
+        step_inputs = [ui["prompt"], *settings, *view, state]
+        # /step for API clients: the views as plain dicts. Its trigger is a button the page
+        # never shows; the page's Step button runs step_page, the same outputs packed.
+        ui["step_api"].click(self.step, step_inputs, views, api_name="step", **model)
         ui["step"].click(
-            self.step,
-            [ui["prompt"], *settings, *view, state],
+            self.step_page,
+            step_inputs,
             views,
-            api_name="step",
+            api_visibility="private",
             show_progress="hidden",  # Play clicks Step several times a second
             # Play's next click can come before Gradio marks this one done: run it after,
             # rather than drop it (the default for buttons).

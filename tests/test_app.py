@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -217,6 +218,36 @@ def shown_share(status: str) -> float:
     return float(match.group(1))
 
 
+def test_page_step_sends_the_api_views_packed_as_one_string_each(server, client):
+    """The page's Step (step_page, private) gives the page /step's four views each as one
+    JSON string (viz.packed: Gradio's page copies a value number by number); unpacked,
+    they are /step's values for the same seed, and the other outputs are /step's own."""
+    _, txl_app = server
+    choice = dict(layer="layer 1", head="head 0")  # one head: the view carries its terms
+    api = client.predict(prompt="ROMEO:\n", **settings(), **choice, api_name="/step")
+    page = txl_app.step_page("ROMEO:\n", *settings().values(), *choice.values(), None)
+    assert len(page) == 8 and page[-1] is not None  # the seven outputs, then the state
+    text, text_view, status, attention, history, summary, predictions = page[:7]
+    unpacked = {}
+    for name, value in zip(
+        ("text_view", "attention", "summary", "predictions"),
+        (text_view, attention, summary, predictions),
+    ):
+        assert list(value) == ["packed"] and isinstance(value["packed"], str), name
+        unpacked[name] = json.loads(value["packed"])
+    assert text == api[0] and history == api[4] == 0
+    assert unpacked["text_view"] == api[1]
+    assert unpacked["attention"] == api[3] and unpacked["attention"]["terms"] is not None
+    assert unpacked["predictions"] == api[6]
+    timings = ("latency_ms", "counterfactual_ms", "handler_ms")  # wall times: differ
+    untimed = [
+        {k: v for k, v in d.items() if k not in timings} for d in (unpacked["summary"], api[5])
+    ]
+    assert untimed[0] == untimed[1] and untimed[0]["position"] == len(text) - 1
+    # The status line too, but for the step's measured latency in it.
+    assert re.sub(r"last step [\d.]+ ms", "", status) == re.sub(r"last step [\d.]+ ms", "", api[2])
+
+
 def test_step_summary_share_beyond_the_window_is_the_attention_views_weights_summed(client):
     """The window line: the step summary's beyond-window share (far_mass_per_layer) is the
     attention view's weights summed over the keys tgt_len or more back, row by row (one
@@ -354,8 +385,7 @@ def test_score_moments_are_the_top_5_of_direct_per_character_differences(server,
     moments = numbers["moments"]
     assert len(moments) == 5
     for m in moments:
-        assert set(m) == {"position", "char", "bits_memory", "bits_window", "bits_saved",
-                          "context"}
+        assert set(m) == {"position", "char", "bits_memory", "bits_window", "bits_saved", "context"}
         p = m["position"]
         assert m["char"] == MOMENTS_TEXT[p]
         assert m["context"] == MOMENTS_TEXT[max(0, p - 40) : p + 41]
@@ -368,8 +398,9 @@ def test_score_moments_are_the_top_5_of_direct_per_character_differences(server,
         assert m["bits_memory"] == pytest.approx(direct.bits_with[m["position"] - 1], abs=1e-4)
         assert m["bits_window"] == pytest.approx(direct.bits_sliding[m["position"] - 1], abs=1e-4)
     forwards = direct_savings(model, MOMENTS_TEXT, SEG_LEN, MEM_LEN)  # by direct forwards
-    as_moments = [SimpleNamespace(position=m["position"], bits_saved=m["bits_saved"])
-                  for m in moments]
+    as_moments = [
+        SimpleNamespace(position=m["position"], bits_saved=m["bits_saved"]) for m in moments
+    ]
     assert_top_k(as_moments, forwards[:, 1] - forwards[:, 0], k=5, tolerance=2e-4)
 
 
@@ -419,9 +450,7 @@ def test_watch_it_prompt_is_the_text_before_the_moment(server):
     p = summary["predictions"]
     assert p["chosen"] == m["char"]
     assert -math.log2(p["p_chosen"]["with_memory"]) == pytest.approx(m["bits_memory"], abs=1e-3)
-    assert -math.log2(p["p_chosen"]["without_memory"]) == pytest.approx(
-        m["bits_window"], abs=1e-3
-    )
+    assert -math.log2(p["p_chosen"]["without_memory"]) == pytest.approx(m["bits_window"], abs=1e-3)
     assert p["bits_saved"] == pytest.approx(m["bits_saved"], abs=1e-3)
     # Once: the next Step samples again (a replay left by Watch it expires with its text).
     assert state.replay is None

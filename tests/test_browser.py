@@ -273,6 +273,34 @@ def test_play_steps_until_clicked_again_and_history_goes_back(app_url, browser_p
     assert not [text for kind, text in log["console"] if kind == "error"]
 
 
+def test_summary_is_drawn_only_while_open_and_status_bold_is_rendered(app_url, browser_page):
+    """The page's Step sends the summary packed (one JSON string): nothing is drawn while
+    "Last step (JSON)" is closed, opening it shows the newest step's summary, and while
+    open each Step redraws it. The status line's **bold** is rendered, not asterisks."""
+    page, log = browser_page
+    page.goto(app_url, wait_until="load")
+    page.wait_for_selector("#prompt textarea")
+    page.fill("#prompt textarea", "JULIET:\n")
+    step_and_wait(page)
+    closed = step_and_wait(page)
+    shown = "document.querySelector('#summary .txl-summary')?.textContent || ''"
+    assert page.evaluate(shown) == ""  # closed: nothing written (or not even mounted)
+    summary_position = (
+        "+JSON.parse(document.querySelector('#summary .txl-summary').textContent || 'null')"
+        "?.position"
+    )
+    page.get_by_text("Last step (JSON)").click()
+    page.wait_for_function(f"{summary_position} === {closed}")
+    opened = step_and_wait(page)
+    page.wait_for_function(f"{summary_position} === {opened}")
+    assert opened == closed + 1
+
+    status = page.inner_html("#status .txl-status")
+    assert "<b>on</b>" in status and "**" not in status
+    assert page.inner_text("#status").startswith("attention beyond the window:")
+    assert not [text for kind, text in log["console"] if kind == "error"]
+
+
 def test_phone_width_stacks_columns(app_url, browser_page):
     page, log = browser_page
     OUT.mkdir(exist_ok=True)

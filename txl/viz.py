@@ -18,6 +18,7 @@ outside the app.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 
@@ -284,6 +285,16 @@ def memory_mass(attentions: np.ndarray, n_memory: int) -> np.ndarray:
 
 def _rounded(x: np.ndarray, decimals: int = 4) -> list:
     return np.round(np.asarray(x, dtype=np.float64), decimals).tolist()
+
+
+def packed(view: dict | None) -> dict | None:
+    """A view's dict as one JSON string, ``{"packed": "..."}``, for the page's own Step
+    (txl/web/views.js TXL.unpack reads it back). Gradio's page copies every output
+    component's whole value (Svelte's $state.snapshot, one structuredClone per number) on
+    each loading-status change, several times per Step: for the attention and text views'
+    ~1,500 numbers and strings that was most of a Step's main-thread time; one string is
+    copied at once. API clients get the plain dicts from /step."""
+    return None if view is None else {"packed": json.dumps(view, separators=(",", ":"))}
 
 
 def attention_view(

@@ -54,7 +54,8 @@
     const body = root.querySelector(".txl-pred-body");
     const empty = root.querySelector(".txl-empty");
     function render() {
-      const v = props.value && typeof props.value === "object" && props.value.with_memory ? props.value : null;
+      let v = TXL.unpack(props.value);
+      v = v && v.with_memory ? v : null;
       empty.style.display = v ? "none" : "block";
       if (!v) {
         body.innerHTML = "";

@@ -122,7 +122,8 @@
     let v = null, P = null, L = null;
     let drawnWidth = 0; // the ResizeObserver redraws on a change of width only
     function render() {
-      v = props.value && typeof props.value === "object" && props.value.w ? props.value : null;
+      v = TXL.unpack(props.value);
+      v = v && v.w ? v : null;
       tip.style.display = "none";
       root.style.display = v ? "block" : "none";
       if (!v || !v.terms) {

@@ -26,6 +26,18 @@
   const pct = (x) => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
   const weight = (x) => (x >= 0.01 ? x.toFixed(3) : x.toExponential(1));
 
+  // A view's value as its dict: the page's Step sends it packed as one JSON string
+  // (txl/viz.py packed: Gradio copies each number of a value apart, several times per
+  // Step), other events and older pages the dict itself. The last string read is kept:
+  // the attention view and its terms read the same value.
+  let lastPacked = null, lastView = null;
+  function unpack(value) {
+    if (!value || typeof value !== "object") return null;
+    if (typeof value.packed !== "string") return value;
+    if (value.packed !== lastPacked) (lastView = JSON.parse(value.packed)), (lastPacked = value.packed);
+    return lastView;
+  }
+
   // Tell whoever waits (Play, the tests, benchmarks) that a step's view is on screen.
   function painted(root, pos) {
     root.dataset.position = String(pos);
@@ -164,7 +176,8 @@
     const empty = root.querySelector(".txl-empty");
     let v = null, L = null;
     function render() {
-      v = props.value && typeof props.value === "object" && props.value.w ? props.value : null;
+      v = unpack(props.value);
+      v = v && v.w ? v : null;
       canvas.style.display = v ? "block" : "none";
       empty.style.display = v ? "none" : "block";
       tip.style.display = "none";
@@ -241,7 +254,8 @@
     let v = null, toggled = false;
     const esc = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
     function render() {
-      v = props.value && typeof props.value === "object" && props.value.runs ? props.value : null;
+      v = unpack(props.value);
+      v = v && v.runs ? v : null;
       tip.style.display = "none";
       if (!v) {
         body.innerHTML = '<span class="txl-hint">(no text yet: type a prompt, then Step, Play or Generate)</span>';
@@ -410,5 +424,5 @@
         }
   }).observe(document.body, { childList: true, subtree: true });
 
-  window.TXL = { mountAttention, mountText, togglePlay, viridis, effectAt, effectColor, effectTip, visible };
+  window.TXL = { unpack, mountAttention, mountText, togglePlay, viridis, effectAt, effectColor, effectTip, visible };
 })();
