@@ -62,7 +62,8 @@ def trim_memory() -> None:
     """glibc keeps the memory that Python and torch free in its arenas, so a server's RSS
     stays at its peak after the sessions that made it are gone; malloc_trim returns it
     (measured after 200 sessions expired: +42 % without, +2 % with; tests/test_concurrency):
-    the heap's top, and every free page inside it, in every arena."""
+    every free page inside the heaps of every arena, and the main arena's top (not the
+    top of any other arena's heap: hence one arena, see tune_allocator)."""
     if _malloc_trim is not None:
         _malloc_trim(0)
 
@@ -85,15 +86,24 @@ def trim_if_used() -> None:
 
 
 def tune_allocator(
-    arenas: int = 2, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
+    arenas: int = 1, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
 ) -> None:
     """Call once, before the server's threads start. Settings that keep a session's RSS
     near its tensors (benchmarks/bench_soak.py --per-session) without slowing the model
     calls (benchmarks/bench_score.py --allocator):
 
     - glibc gives each thread that allocates its own arena (up to 8 per core); every
-      Gradio worker thread that ran a model call keeps freed memory in its own arena.
-      Two arenas are enough for one-thread model calls.
+      Gradio worker thread that ran a model call would keep freed memory in its own.
+      One arena, the main one: malloc_trim returns the free pages inside every arena's
+      heaps but the top of the main arena's only, so a second arena (two, the setting
+      before issue 27) kept the free top of its current heap (up to 64 MB) resident.
+      Whether the sessions' buffers went there varied from run to run: the RSS after
+      the 30-session run (mem_len 2048, a 400 MB budget) came out 1.00-1.10x the budget
+      with two arenas, 1.02x every time with one. Model calls release the GIL but
+      allocate little: two sessions feeding and stepping at once in one process run as
+      fast with one arena as with two (1.04x / 1.08x and 0.92x / 0.95x in two runs on
+      the loaded 2-core machine: noise; ``bench_soak.py --arenas``). glibc's
+      MALLOC_ARENA_MAX=1 in the environment does the same from the process's start.
     - Blocks are served from the heap, where a freed block is reused by the next model
       call: a fixed mmap threshold of 256 KB (the first design) gave every larger
       activation its own mapping, mapped, faulted in page by page and unmapped again in
