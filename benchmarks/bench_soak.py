@@ -6,6 +6,13 @@ Two measurements, each against ``python app.py`` started here as a subprocess:
     python benchmarks/bench_soak.py --per-session --sessions 40 --mem-len 2048
     python benchmarks/bench_soak.py --per-session --root /tmp/before   # another checkout
 
+    # the budget's account (issue 27): RSS above the start against TXL_MEMORY_BUDGET_MB
+    python benchmarks/bench_soak.py --per-session --sessions 30 --mem-len 2048 \
+        --env TXL_MEMORY_BUDGET_MB=400
+
+    # the speed side of one malloc arena (tune_allocator): two sessions at once, 1 vs 2
+    python benchmarks/bench_soak.py --arenas --repeats 3
+
     # the soak: sessions fill long memories, Step in turns and all at once, under a budget
     python benchmarks/bench_soak.py --sessions 120 --budget-mb 200 --rounds 4 --check
 
@@ -13,7 +20,8 @@ Two measurements, each against ``python app.py`` started here as a subprocess:
 takes one Step (memory mem_len), from --clients clients at once; RSS is read after
 --warm sessions (default none: the app just started, as a Space's first visitors find
 it) and after the sessions, and the growth per session is set against the session's
-keys and values.
+keys and values. Under a budget (--env TXL_MEMORY_BUDGET_MB=N) it also reports the RSS
+above the start set against the budget, in all and in anonymous memory alone.
 
 The soak reports sessions served, RSS over time (peak vs budget + baseline), offloads
 (from the status line: "memory restored from disk in N ms") and the restore latency
@@ -51,11 +59,13 @@ RESTORED = re.compile(r"memory restored from disk in ([\d,]+) ms")
 # ---- the app as a subprocess (bench_app.start_app / stop_app) ------------------------
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, kind: str = "VmRSS") -> float:
+    """The process's resident memory in MB: all of it (VmRSS), or its anonymous part
+    (RssAnon: the heap, without the pages of code and files mapped)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{kind}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {kind} for {pid}")
 
 
 class RSSWatch:
@@ -204,7 +214,7 @@ def per_session(args, model: str, log: Path) -> dict:
             for plan in plans(args.warm, len(text), args.mem_len, text):
                 step(url, plan, client)
             time.sleep(2)
-            before = rss_mb(proc.pid)
+            before, anon_before = rss_mb(proc.pid), rss_mb(proc.pid, "RssAnon")
             sessions = plans(args.sessions, len(text), args.mem_len, text)
             errors: list = []
 
@@ -227,12 +237,23 @@ def per_session(args, model: str, log: Path) -> dict:
             if errors:
                 raise errors[0]
             time.sleep(2)
-            after = rss_mb(proc.pid)
+            after, anon_after = rss_mb(proc.pid), rss_mb(proc.pid, "RssAnon")
     finally:
         stop_app(proc)
     positions = min(args.mem_len, len(text) + 1)
     kv = kv_bytes(model, positions) / 2**20
     per = (after - before) / args.sessions
+    budget = env.get("TXL_MEMORY_BUDGET_MB")
+    # under a budget: the growth of RSS set against it (issue 27: at most 1.1x)
+    against_budget = (
+        dict(
+            budget_mb=float(budget),
+            above_start_to_budget=round((after - before) / float(budget), 3),
+            anon_above_start_to_budget=round((anon_after - anon_before) / float(budget), 3),
+        )
+        if budget
+        else {}
+    )
     return dict(
         root=str(args.root),
         sessions=args.sessions,
@@ -245,7 +266,72 @@ def per_session(args, model: str, log: Path) -> dict:
         kv_per_session_mb=round(kv, 2),
         goal_mb=round(1.5 * kv + 2, 2),
         ratio_to_kv=round(per / kv, 2),
+        **against_budget,
     )
+
+
+# ---- one arena or two: the speed of two sessions at once ---------------------------------
+
+
+def arenas_child(arenas: int, mem_len: int = 2048, steps: int = 100) -> dict:
+    """In a fresh process with ``arenas`` malloc arenas: two sessions, each in its own
+    thread at the same time (as two visitors' requests run), feed the balcony scene with
+    memory mem_len, then take ``steps`` Steps each (counterfactual and terms included)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from txl import TransformerXL, budget
+    from txl.session import Session
+
+    budget.tune_allocator(arenas=arenas)
+    torch.set_num_threads(1)
+    model = TransformerXL.from_pretrained(str(BUNDLED))
+    text = balcony()
+    warm = Session(model, mem_len=64)
+    warm.start(text[:200]), warm.step()
+    sessions = [Session(model, mem_len=mem_len, temperature=1.0, seed=i) for i in range(2)]
+
+    def both(work) -> float:
+        threads = [threading.Thread(target=work, args=(s,)) for s in sessions]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - t0
+
+    feed = both(lambda s: s.start(text))
+    stepping = both(lambda s: [s.step() for _ in range(steps)])
+    return dict(feed_ms_per_char=feed * 1e3 / len(text), step_ms=stepping * 1e3 / steps)
+
+
+def compare_arenas(repeats: int) -> dict:
+    """arenas_child with 1 and 2 arenas, fresh processes alternating; medians."""
+    import statistics
+    import subprocess
+
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    for r in range(repeats):
+        for arenas in runs:
+            out = subprocess.run(
+                [sys.executable, __file__, "--arenas-child", str(arenas)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            runs[arenas].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"[{r + 1}/{repeats}] {arenas} arena(s): {runs[arenas][-1]}", flush=True)
+    report = {}
+    for arenas, results in runs.items():
+        report[f"{arenas} arena(s)"] = {
+            key: round(statistics.median(run[key] for run in results), 3) for key in results[0]
+        }
+    base = report["2 arena(s)"]
+    report["1 arena / 2 arenas"] = {
+        key: round(report["1 arena(s)"][key] / base[key], 3) for key in base
+    }
+    print(json.dumps(report, indent=2))
+    return report
 
 
 def main() -> None:
@@ -264,9 +350,17 @@ def main() -> None:
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the app")
     parser.add_argument("--check", action="store_true", help="compare with each session alone")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--arenas", action="store_true", help="1 malloc arena vs 2: speed")
+    parser.add_argument("--repeats", type=int, default=3, help="--arenas: runs of each")
+    parser.add_argument("--arenas-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.arenas_child:
+        print(json.dumps(arenas_child(args.arenas_child)))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="txl-soak-"))
-    if args.per_session:
+    if args.arenas:
+        report = compare_arenas(args.repeats)
+    elif args.per_session:
         report = per_session(args, args.model, tmp / "app.log")
         print(json.dumps(report, indent=2))
     else:

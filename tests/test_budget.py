@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import tracemalloc
 
 import gradio as gr
 import numpy as np
@@ -15,9 +16,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import app
-from tests.test_app import MEM_LEN, tiny_model
-from txl import TransformerXL
-from txl.budget import BudgetError, MemoryBudget, growth_bytes
+from tests.test_app import MEM_LEN, SEG_LEN, VOCAB
+from txl import TransformerXL, TXLConfig
+from txl.budget import (
+    STEP_RECORD_BYTES,
+    BudgetError,
+    MemoryBudget,
+    growth_bytes,
+    model_cache_bytes,
+    position_table_growth,
+)
 from txl.model import KVMemory
 from txl.session import Session
 
@@ -26,7 +34,24 @@ PROMPT = "ROMEO:\nBut soft! what light through yonder window breaks? It is the e
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    """A tiny model whose sessions, like real ones, are mostly keys and values: 8 heads of
+    32 per layer (4 KB a position), so that a session's records (its text, each step's
+    predictions: ~3 KB a step) are a few per cent of it, as they are at a real mem_len."""
+    torch.manual_seed(0)
+    config = TXLConfig(
+        vocab=VOCAB,
+        d_model=32,
+        n_layer=2,
+        n_head=8,
+        d_head=32,
+        d_inner=64,
+        tgt_len=SEG_LEN,
+        mem_len=MEM_LEN,
+        dropout=0.0,
+    )
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    TransformerXL(config).save_pretrained(folder)
+    return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +65,22 @@ def started(model, seed: int, steps: int = 3) -> Session:
     for _ in range(steps):
         s.step()
     return s
+
+
+def kept(s: Session) -> int:
+    """What a session keeps in RAM while its memory is on disk: its records and the last
+    step's attention (resident_bytes once unloaded)."""
+    last = s.last_trace
+    return s.record_bytes() + last.attentions.nbytes + last.key_positions.nbytes
+
+
+def room(model, sessions: list[Session], in_ram: int, spare: float) -> int:
+    """A budget with room for the model's table of position keys, ``in_ram`` of the
+    sessions in RAM (the largest) and what the others keep while on disk, and ``spare``
+    of a session more."""
+    size = max(s.resident_bytes() for s in sessions)
+    on_disk = (len(sessions) - in_ram) * max(kept(s) for s in sessions)
+    return model_cache_bytes(model) + in_ram * size + on_disk + int(spare * size)
 
 
 def use(budget: MemoryBudget, s: Session, lock: threading.Lock, steps: int = 0, growth=0):
@@ -98,7 +139,9 @@ def test_unload_and_reload_continue_exactly(model, tmp_path):
     kv_before = {k: t.clone() for k, t in s.kv.to_tensors().items()}
     tensors = s.unload()
     assert s.unloaded and s.kv is None and s.next_logits is None and not s.history
-    assert s.resident_bytes() < before / 4  # only the last step's attention stays
+    last = s.last_trace  # its attention stays (Export reads it), and the records
+    stays = last.attentions.nbytes + last.key_positions.nbytes + s.record_bytes()
+    assert s.resident_bytes() == stays < before
     save_file(tensors, tmp_path / "s.safetensors")
     del tensors
     s.reload(load_file(tmp_path / "s.safetensors"))
@@ -113,6 +156,55 @@ def test_unload_and_reload_continue_exactly(model, tmp_path):
     same_memory(s, alone)
 
 
+def unloaded_session(model, steps: int) -> Session:
+    s = Session(model, temperature=1.0, seed=0)
+    s.start(PROMPT * 12)  # 888 characters
+    for _ in range(steps):
+        s.step()
+    s.unload()  # its tensors are handed over and dropped here
+    return s
+
+
+def test_record_bytes_are_what_an_unloaded_session_keeps(model):
+    """What stays in RAM of a session whose memory went to disk is its records (text, ids,
+    the memory-effect record, each step's predictions: ~3 KB a step), and record_bytes
+    counts them: within 10 % of what tracemalloc sees the session keep (a forgotten
+    record, or one counted twice, is off by far more)."""
+    steps = 100
+    unloaded_session(model, steps)  # the first fills whatever a step caches for good
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        s = unloaded_session(model, steps)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert steps * 1000 < kept < steps * STEP_RECORD_BYTES  # the steps' predictions
+    assert 0.9 * kept <= s.record_bytes() <= 1.1 * kept
+
+
+def test_growth_counts_the_model_table_a_longer_memory_builds(folder):
+    """A forward over more keys than the model's table of position keys covers builds a
+    longer one, which the model keeps for all its sessions: the request that does it
+    counts it in its growth, and the budget counts it once per model afterwards."""
+    model = TransformerXL.from_pretrained(folder)  # its own table: none yet
+    s, lock = Session(model, mem_len=200, temperature=1.0, seed=0), threading.Lock()
+    growth = growth_bytes(s, 200, 1)
+    assert position_table_growth(model, 200 + SEG_LEN) > 0 and model_cache_bytes(model) == 0
+    budget = MemoryBudget(2**30)
+    with lock, budget.use(s, lock, growth):
+        s.start(PROMPT * 5)  # 370 characters: the memory fills to 200
+        s.step()
+    table = model_cache_bytes(model)
+    assert table > 0 and s.resident_bytes() + table <= growth
+    assert budget.models_bytes() == table
+    assert budget.in_ram() == s.resident_bytes() + table
+    assert position_table_growth(model, 200 + SEG_LEN) == 0  # the next request adds none
+    assert position_table_growth(model, 2 * (200 + SEG_LEN)) > 0
+
+
 # ---- the budget -----------------------------------------------------------------------
 
 
@@ -122,13 +214,16 @@ def test_accounting_counts_every_session_and_a_running_requests_peak(model):
     locks = [threading.Lock() for _ in sessions]
     for s, lock in zip(sessions, locks):
         use(budget, s, lock, steps=2)
-    assert budget.in_ram() == sum(s.resident_bytes() for s in sessions)
+    # the sessions, and once the table of position keys their model keeps for them
+    table = model_cache_bytes(model)
+    assert table > 0 and budget.models_bytes() == table
+    assert budget.in_ram() == sum(s.resident_bytes() for s in sessions) + table
     growth = growth_bytes(sessions[0], MEM_LEN, 5)
     with locks[0], budget.use(sessions[0], locks[0], growth):
         # while the request runs it counts what it may grow to, not what it holds
         during = budget.in_ram()
-        assert during == sum(s.resident_bytes() for s in sessions) + growth
-    assert budget.in_ram() == sum(s.resident_bytes() for s in sessions)
+        assert during == sum(s.resident_bytes() for s in sessions) + table + growth
+    assert budget.in_ram() == sum(s.resident_bytes() for s in sessions) + table
     assert budget.offloads == 0 and budget.files() == []
 
 
@@ -146,15 +241,17 @@ def test_least_recently_used_goes_to_disk_first_and_comes_back_exactly(model):
     a, b, c = (started(model, i) for i in range(3))
     alone = {id(x): started(model, i) for i, x in enumerate((a, b, c))}
     locks = {id(x): threading.Lock() for x in (a, b, c)}
-    size = max(x.resident_bytes() for x in (a, b, c))
-    budget = MemoryBudget(int(2.5 * size))  # room for two of the three
+    budget = MemoryBudget(room(model, [a, b, c], in_ram=2, spare=0.5))  # two of the three
     use(budget, a, locks[id(a)])
     use(budget, b, locks[id(b)])
     assert budget.offloads == 0
     use(budget, c, locks[id(c)])  # a is the least recently used
     assert budget.is_offloaded(a) and not budget.is_offloaded(b)
     assert a.unloaded and len(budget.files()) == 1
-    assert budget.in_ram() <= budget.limit
+    # a still counts what it keeps in RAM; the model's table counts once
+    assert 0 < a.resident_bytes() == kept(a)
+    everything = model_cache_bytes(model) + sum(x.resident_bytes() for x in (a, b, c))
+    assert budget.in_ram() == everything <= budget.limit
     restored = use(budget, a, locks[id(a)], steps=0)  # b now the least recently used
     assert restored is not None and restored >= 0
     assert not a.unloaded and budget.is_offloaded(b) and not budget.is_offloaded(c)
@@ -174,7 +271,7 @@ def test_least_recently_used_goes_to_disk_first_and_comes_back_exactly(model):
 def test_released_and_dropped_sessions_take_their_files(model):
     a, b = started(model, 0), started(model, 1)
     la, lb = threading.Lock(), threading.Lock()
-    budget = MemoryBudget(int(1.5 * max(a.resident_bytes(), b.resident_bytes())))
+    budget = MemoryBudget(room(model, [a, b], in_ram=1, spare=0.25))
     use(budget, a, la)
     use(budget, b, lb)
     assert budget.is_offloaded(a) and len(budget.files()) == 1
@@ -199,7 +296,7 @@ def test_a_session_larger_than_the_budget_is_refused_and_unchanged(model):
     with pytest.raises(BudgetError, match="more than the server's whole memory budget"):
         use(budget, s, lock, steps=1)
     same_memory(s, alone)
-    assert budget.in_ram() == 0 and budget.files() == []
+    assert budget.in_ram() == 0 and budget.files() == []  # its model's table not counted yet
 
 
 def test_full_disk_or_busy_sessions_refuse_with_nothing_changed(model):
@@ -207,7 +304,7 @@ def test_full_disk_or_busy_sessions_refuse_with_nothing_changed(model):
     b_alone = started(model, 1)
     la, lb = threading.Lock(), threading.Lock()
     size = max(a.resident_bytes(), b.resident_bytes())
-    budget = MemoryBudget(int(1.5 * size), disk_limit=size // 2)  # no room for a file
+    budget = MemoryBudget(room(model, [a, b], in_ram=1, spare=0.5), disk_limit=size // 2)
     use(budget, a, la)
     with pytest.raises(BudgetError, match="TXL_OFFLOAD_DISK_MB"):
         use(budget, b, lb, steps=1)
@@ -225,7 +322,7 @@ def test_full_disk_or_busy_sessions_refuse_with_nothing_changed(model):
 def test_a_damaged_file_clears_the_session_with_a_message(model):
     a, b = started(model, 0), started(model, 1)
     la, lb = threading.Lock(), threading.Lock()
-    budget = MemoryBudget(int(1.5 * max(a.resident_bytes(), b.resident_bytes())))
+    budget = MemoryBudget(room(model, [a, b], in_ram=1, spare=0.25))
     use(budget, a, la), use(budget, b, lb)
     budget.files()[0].write_bytes(b"not a safetensors file")
     with pytest.raises(BudgetError, match="could not be read back"):
@@ -265,8 +362,9 @@ def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
     a, _ = step(big, None, 0)
     held = a.session.resident_bytes()
     need = held + growth_bytes(a.session, MEM_LEN, 1)
+    table = model_cache_bytes(big.default_model)  # each app's model has one of this size
     # room for one Step, not for one Step beside another session
-    txl_app = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(need + held // 2))
+    txl_app = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(table + need + held // 2))
     a, status = step(txl_app, None, 0)
     assert "restored" not in status
     b, _ = step(txl_app, None, 1)  # a new session holds nothing yet: it fits beside a
@@ -299,15 +397,19 @@ def test_concurrent_steps_under_a_small_budget_equal_each_session_alone(folder):
     deadlock, never refuse, and each text is the one it writes alone."""
     alone_app = app.TXLApp(folder, model_dirs=[])
     n = N_THREADS * SESSIONS_PER_THREAD
-    alone = {}
+    alone, done = {}, []
     for i in range(n):
         state = None
         for _ in range(ROUNDS):
             state, _ = step(alone_app, state, i)
         alone[i] = state.session.text
+        done.append(state)
     state, _ = step(alone_app, None, 0)
     need = state.session.resident_bytes() + growth_bytes(state.session, MEM_LEN, 1)
-    budget = MemoryBudget(int(N_THREADS * need * 1.2))
+    # what the idle ones keep in RAM while on disk (the most: after all the rounds)
+    on_disk = (n - N_THREADS) * max(kept(x.session) for x in done)
+    table = model_cache_bytes(alone_app.default_model)
+    budget = MemoryBudget(table + int(N_THREADS * need * 1.2) + on_disk)
     txl_app = app.TXLApp(folder, model_dirs=[], budget=budget)
     states, errors = {}, []
     peak = [0]

@@ -1,13 +1,15 @@
 """One memory budget for the whole server, and the disk that stretches it.
 
-Every session's keys and values, pending logits and step history count against one
-budget (TXL_MEMORY_BUDGET_MB). Before a request runs, the budget makes room for the most
+Every session's keys and values, pending logits, step history and records (its text,
+predictions, ...), and the caches the models keep for their sessions (the table of
+position keys, which grows with the longest memory served) count against one budget
+(TXL_MEMORY_BUDGET_MB). Before a request runs, the budget makes room for the most
 that session can hold by the end of it; if the sessions in RAM would not fit, the
 memories of the least recently used idle sessions are written to disk (safetensors
 files in a private temporary folder) and dropped from RAM. A session whose memory is on
 disk reads it back on its next use, bit for bit: it continues token for token and logit
-for logit as if it had never left. Its text, settings and sampler never leave RAM (they
-are small); only Session.unload()'s tensors do.
+for logit as if it had never left. Its text, settings, sampler and records never leave
+RAM (Session.resident_bytes() still counts them then); only Session.unload()'s tensors do.
 
 When no room can be made (everyone else is busy, the disk budget TXL_OFFLOAD_DISK_MB is
 full, or one session alone needs more than the whole budget), the request is refused
@@ -60,7 +62,8 @@ def trim_memory() -> None:
     """glibc keeps the memory that Python and torch free in its arenas, so a server's RSS
     stays at its peak after the sessions that made it are gone; malloc_trim returns it
     (measured after 200 sessions expired: +42 % without, +2 % with; tests/test_concurrency):
-    the heap's top, and every free page inside it, in every arena."""
+    every free page inside the heaps of every arena, and the main arena's top (not the
+    top of any other arena's heap: hence one arena, see tune_allocator)."""
     if _malloc_trim is not None:
         _malloc_trim(0)
 
@@ -83,15 +86,24 @@ def trim_if_used() -> None:
 
 
 def tune_allocator(
-    arenas: int = 2, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
+    arenas: int = 1, mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
 ) -> None:
     """Call once, before the server's threads start. Settings that keep a session's RSS
     near its tensors (benchmarks/bench_soak.py --per-session) without slowing the model
     calls (benchmarks/bench_score.py --allocator):
 
     - glibc gives each thread that allocates its own arena (up to 8 per core); every
-      Gradio worker thread that ran a model call keeps freed memory in its own arena.
-      Two arenas are enough for one-thread model calls.
+      Gradio worker thread that ran a model call would keep freed memory in its own.
+      One arena, the main one: malloc_trim returns the free pages inside every arena's
+      heaps but the top of the main arena's only, so a second arena (two, the setting
+      before issue 27) kept the free top of its current heap (up to 64 MB) resident.
+      Whether the sessions' buffers went there varied from run to run: the RSS after
+      the 30-session run (mem_len 2048, a 400 MB budget) came out 1.00-1.10x the budget
+      with two arenas, 1.02x every time with one. Model calls release the GIL but
+      allocate little: two sessions feeding and stepping at once in one process run as
+      fast with one arena as with two (1.04x / 1.08x and 0.92x / 0.95x in two runs on
+      the loaded 2-core machine: noise; ``bench_soak.py --arenas``). glibc's
+      MALLOC_ARENA_MAX=1 in the environment does the same from the process's start.
     - Blocks are served from the heap, where a freed block is reused by the next model
       call: a fixed mmap threshold of 256 KB (the first design) gave every larger
       activation its own mapping, mapped, faulted in page by page and unmapped again in
@@ -141,12 +153,18 @@ def default_disk_bytes(folder: Path) -> int:
 
 # ---- what one request may add -------------------------------------------------------
 
+# A step's records: its predictions (two top-10 lists of (id, text, p): ~3 KB measured),
+# its token in the text, the ids and the memory-effect record (~41 bytes). An upper bound.
+STEP_RECORD_BYTES = 4096
+
 
 def growth_bytes(session: Session, mem_len: int, steps: int) -> int:
-    """The most a request can add to a session's RAM, run with memory length mem_len and
-    taking ``steps`` steps: a whole new KV buffer (buffers grow by copying, so the old
-    and the new are both held for a moment, and a new prompt refills them), the
-    pending logits, and the steps' history and the last step's attention and score terms."""
+    """The most a request can add to the server's RAM, run on ``session`` with memory
+    length mem_len and taking ``steps`` steps: a whole new KV buffer (buffers grow by
+    copying, so the old and the new are both held for a moment, and a new prompt refills
+    them), the pending logits, the steps' history and records, the last step's attention
+    and score terms, and a new table of position keys when the model's is too short for
+    this memory (the old one is freed once the new one is built)."""
     c, model = session.model.config, session.model
     element = next(model.parameters()).element_size()
     positions = mem_len + session.seg_len
@@ -159,7 +177,34 @@ def growth_bytes(session: Session, mem_len: int, steps: int) -> int:
         history = min(history, session.history_bytes_limit)
     # float32: the attention [L, H, K] and the four score terms [L, 4, H, K]
     last_step = 5 * c.n_layer * c.n_head * keys * 4 if steps else 0
-    return kv + logits + history + last_step
+    records = steps * STEP_RECORD_BYTES
+    table = position_table_growth(model, positions)
+    return kv + logits + history + last_step + records + table
+
+
+# ---- what a model keeps for its sessions ----------------------------------------------
+
+
+def model_cache_bytes(model) -> int:
+    """Bytes a model keeps beside its weights for its sessions' steps, which they make
+    grow: the table of position keys (TransformerXL.position_keys_cached: W_r R per layer
+    for every distance up to twice the longest memory + segment it has served; 15-26 MB
+    for the bundled model once a session used mem_len 2048). Shared by all the model's
+    sessions and never freed while the model lives, so it is counted once per model."""
+    table = getattr(model, "_position_table", None)
+    return sum(k.nbytes for k in table.keys) if table is not None else 0
+
+
+def position_table_growth(model, keys: int) -> int:
+    """The bytes of the table of position keys a forward over ``keys`` keys builds, when the
+    model's table is shorter (0 when it covers them): per layer [H, Dh, longest + 1], with
+    longest = max(2 (keys - 1), 256), the rule of TransformerXL.position_keys_cached."""
+    table = getattr(model, "_position_table", None)
+    if table is not None and table.longest >= keys - 1:
+        return 0
+    c = model.config
+    element = next(model.parameters()).element_size()
+    return c.n_layer * c.n_head * c.d_head * (max(2 * (keys - 1), 256) + 1) * element
 
 
 # ---- the budget ------------------------------------------------------------------------
@@ -174,11 +219,13 @@ class _Account:
     """One session's standing with the budget."""
 
     lock: threading.Lock  # the session owner's lock: held while the session is in use
-    resident: int = 0  # bytes in RAM after its last request (0 while on disk)
+    # bytes in RAM after its last request (while on disk: what stays, its records and the
+    # last step's attention)
+    resident: int = 0
     peak: int | None = None  # while a request runs: the most it may hold until its end
     path: Path | None = None  # its memory's file while on disk
     file_bytes: int = 0  # that file's size
-    unloaded_bytes: int = 0  # what it held in RAM when it went to disk
+    unloaded_bytes: int = 0  # what it held in RAM when it went to disk (all of it)
     last_used: int = 0  # a counter: the lowest is the least recently used
     remove_file: weakref.finalize | None = field(default=None, repr=False)
 
@@ -189,8 +236,10 @@ class _Account:
 
 class MemoryBudget:
     """The server's sessions' memory, within ``limit`` bytes of RAM and ``disk_limit``
-    bytes of offload files. Sessions are held weakly: a session the app drops takes its
-    account with it, and its file is removed when it is garbage-collected."""
+    bytes of offload files: each session's (Session.resident_bytes) and, once for each
+    model they use, the model's caches (model_cache_bytes). Sessions and models are held
+    weakly: a session the app drops takes its account with it, and its file is removed
+    when it is garbage-collected; a model dropped from the cache takes its caches."""
 
     def __init__(self, limit: int, disk_limit: int | None = None, folder: str | None = None):
         self.limit = int(limit)
@@ -198,6 +247,8 @@ class MemoryBudget:
         self.folder = Path(tempfile.mkdtemp(prefix="txl-offload-", dir=folder))
         self.disk_limit = default_disk_bytes(self.folder) if disk_limit is None else disk_limit
         self._accounts: weakref.WeakKeyDictionary[Session, _Account] = weakref.WeakKeyDictionary()
+        # each model's caches, as counted at the end of its sessions' last request
+        self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._clock = itertools.count(1)
         self.offloads = self.restores = 0
@@ -207,9 +258,18 @@ class MemoryBudget:
     # -- what the budget holds --
 
     def in_ram(self) -> int:
-        """Bytes counted in RAM now (requests running count their peak)."""
+        """Bytes counted in RAM now (requests running count their peak), the models'
+        caches included."""
         with self._lock:
-            return sum(a.held() for a in list(self._accounts.values()))
+            return sum(a.held() for a in list(self._accounts.values())) + self._models_bytes()
+
+    def models_bytes(self) -> int:
+        """Bytes of the models' caches counted now (part of in_ram)."""
+        with self._lock:
+            return self._models_bytes()
+
+    def _models_bytes(self) -> int:
+        return sum(list(self._models.values()))
 
     def on_disk(self) -> int:
         with self._lock:
@@ -239,6 +299,7 @@ class MemoryBudget:
             now = account.unloaded_bytes if account.path else session.resident_bytes()
             need = now + growth
             self._make_room(need, session)
+            self._models[session.model] = model_cache_bytes(session.model)
             account.peak, account.last_used = need, next(self._clock)
             path = account.path
         restored = None
@@ -263,11 +324,11 @@ class MemoryBudget:
             yield restored
         finally:
             with self._lock:
-                if session.unloaded:  # the file could not be read: nothing was restored
-                    account.resident = 0
-                else:
-                    account.resident = session.resident_bytes()
+                # (unloaded: the file could not be read and nothing was restored; what
+                # stays in RAM of an unloaded session still counts)
+                account.resident = session.resident_bytes()
                 account.peak, account.last_used = None, next(self._clock)
+                self._models[session.model] = model_cache_bytes(session.model)
 
     def release(self, session: Session) -> None:
         """Forget a session (it expired or was reset): its file goes at once."""
@@ -279,19 +340,24 @@ class MemoryBudget:
     # -- under the budget's lock --
 
     def _make_room(self, need: int, session: Session) -> None:
-        if need > self.limit:
+        models = self._models_bytes()  # offloading frees none of it
+        if session.model not in self._models:  # the first request on this model
+            models += model_cache_bytes(session.model)
+        if need + models > self.limit:
+            beside = f" beside the models' caches ({megabytes(models)})" if models else ""
             raise BudgetError(
-                f"this request needs up to {megabytes(need)} for this session's memory, "
-                f"more than the server's whole memory budget ({megabytes(self.limit)}, "
-                "TXL_MEMORY_BUDGET_MB): lower mem_len (or switch the memory off) and try again"
+                f"this request needs up to {megabytes(need)} for this session's memory"
+                f"{beside}, more than the server's whole memory budget "
+                f"({megabytes(self.limit)}, TXL_MEMORY_BUDGET_MB): lower mem_len (or switch "
+                "the memory off) and try again"
             )
         accounts = [(s, a) for s, a in list(self._accounts.items()) if s is not session]
-        total = need + sum(a.held() for _, a in accounts)
+        total = need + models + sum(a.held() for _, a in accounts)
         if total <= self.limit:
             return
         disk = sum(a.file_bytes for _, a in accounts)
         disk_full = offloaded = False
-        idle = [(a.last_used, s, a) for s, a in accounts if a.peak is None and a.resident]
+        idle = [(a.last_used, s, a) for s, a in accounts if a.peak is None and a.path is None]
         for _, other, account in sorted(idle, key=lambda entry: entry[0]):
             if total <= self.limit:
                 break
@@ -325,8 +391,10 @@ class MemoryBudget:
             )
 
     def _offload(self, session: Session, account: _Account) -> int:
-        """Write the session's memory to a file and drop it from RAM; the bytes freed."""
+        """Write the session's memory to a file and drop it from RAM; the bytes freed.
+        What stays in RAM (its records, the last step's attention) stays counted."""
         path = self.folder / f"{uuid.uuid4().hex}.safetensors"
+        held = session.resident_bytes()
         tensors = session.unload()
         try:
             save_file(tensors, str(path))
@@ -335,9 +403,9 @@ class MemoryBudget:
             path.unlink(missing_ok=True)
             raise
         del tensors
-        freed = account.resident
         account.path, account.file_bytes = path, path.stat().st_size
-        account.unloaded_bytes, account.resident = freed, 0
+        account.unloaded_bytes, account.resident = held, session.resident_bytes()
+        freed = held - account.resident
         # The file goes with the session when the app drops it without a release().
         account.remove_file = weakref.finalize(session, _remove, path)
         self.offloads += 1

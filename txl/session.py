@@ -32,6 +32,7 @@ Transformer-XL); "char" in the traces below means the token's text either way.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -202,6 +203,30 @@ def memory_cap(model: TransformerXL, budget_bytes: int) -> int:
 
 def _trace_bytes(trace: StepTrace) -> int:
     return trace.attentions.nbytes + trace.key_positions.nbytes
+
+
+def _record_bytes(record, depth: int = 6) -> int:
+    """Bytes of a record of plain Python data (a StepTrace's fields, its Predictions: two
+    top-10 lists of (id, text, p) tuples), sys.getsizeof over it and all it holds, but
+    for arrays (counted as arrays) and the objects CPython shares: None, booleans, small
+    ints and one-character strings. A little over: the newest trace's Predictions, which
+    the history shares, counts twice."""
+    if isinstance(record, np.ndarray | Tensor) or record is None or isinstance(record, bool):
+        return 0
+    if isinstance(record, int) and -5 <= record <= 256:
+        return 0
+    if isinstance(record, str) and len(record) == 1 and ord(record) < 256:
+        return 0
+    size = sys.getsizeof(record)
+    if depth == 0:
+        return size
+    if hasattr(record, "__dict__"):
+        size += _record_bytes(vars(record), depth - 1)
+    elif isinstance(record, dict):
+        size += sum(_record_bytes(v, depth - 1) for v in record.values())
+    elif isinstance(record, list | tuple):
+        size += sum(_record_bytes(v, depth - 1) for v in record)
+    return size
 
 
 @dataclass
@@ -386,7 +411,10 @@ class Session:
         self._context = 0  # keys the last token saw when _logits were computed
         self.last_trace: StepTrace | None = None
         self.history: deque[StepTrace] = deque()  # oldest first
-        self._history_bytes = 0
+        self._history_bytes = 0  # the history's arrays (what history_bytes_limit bounds)
+        # and its records (_record_bytes, each computed once: ~0.1 ms): they stay on unload
+        self._record_sizes: deque[int] = deque()  # the history's, oldest first
+        self._history_records = 0  # their sum
         self._unloaded: _Unloaded | None = None  # see unload()
         # p with and without memory of every token a step produced with memory on
         self.memory_effect = MemoryEffect()
@@ -527,6 +555,8 @@ class Session:
         )
         self.history.append(kept)
         self._history_bytes += _trace_bytes(kept)
+        self._record_sizes.append(_record_bytes(kept))
+        self._history_records += self._record_sizes[-1]
         self._trim_history()
 
     def set_history_limit(self, limit_bytes: int | None) -> None:
@@ -541,7 +571,9 @@ class Session:
             len(self.history) > self.history_steps
             or (limit is not None and self._history_bytes > limit)
         ):
-            self._history_bytes -= _trace_bytes(self.history.popleft())
+            dropped = self.history.popleft()
+            self._history_bytes -= _trace_bytes(dropped)
+            self._history_records -= self._record_sizes.popleft()
 
     def generate(self, n: int, capture_last_only: bool = True) -> Iterator[StepTrace]:
         """n steps, yielding each trace. capture_last_only: only the last step captures
@@ -709,16 +741,35 @@ class Session:
     # ---- the memory as tensors: what a server counts, offloads and restores ------------
 
     def resident_bytes(self) -> int:
-        """Bytes of the tensors this session holds in RAM besides the model's: its KV
-        buffers (spare room included: it is allocated), the pending logits, the step
-        history and the last step's attention and terms. 0 for what is unloaded."""
+        """Bytes this session holds in RAM besides the model's: its tensors (the KV buffers,
+        spare room included: it is allocated; the pending logits, the step history, the
+        last step's attention and terms) and its records (``record_bytes``). Once
+        unloaded: what stays, the records and the last step's attention (the app's Export
+        reads it without a request)."""
         kv = self.kv.buffer_bytes if self.kv else 0
         logits = self._logits.nbytes if self._logits is not None else 0
         history = 0 if self._unloaded else self._history_bytes
         t = self.last_trace
-        last = t.attentions.nbytes if t is not None and t.attentions is not None else 0
-        last += t.terms.nbytes if t is not None and t.terms is not None else 0
-        return kv + logits + history + last
+        last = 0
+        for array in (t.attentions, t.key_positions, t.terms) if t is not None else ():
+            last += array.nbytes if array is not None else 0
+        return kv + logits + history + last + self.record_bytes()
+
+    def record_bytes(self) -> int:
+        """Bytes of the session's plain Python records, which never leave RAM: the text and
+        prompt, the token ids (a list of pointers; ids above 256 are int objects of their
+        own), a word model's pieces, the memory-effect record (32 bytes per token), and the
+        step records of the history and the last step (their predictions: ~3 KB a step).
+        Measured against tracemalloc in tests/test_budget.py; O(1) but for the last step."""
+        ids = sys.getsizeof(self.ids)
+        if self.model.config.vocab_size > 257:  # -5..256 are shared int objects
+            ids += sys.getsizeof(2**20) * len(self.ids)
+        text = sys.getsizeof(self.text) + sys.getsizeof(self.prompt)
+        # a word's piece: a str object (49 bytes) with its characters, ~8 on average
+        pieces = sys.getsizeof(self._pieces) + 57 * len(self._pieces)
+        effect = sum(sys.getsizeof(a) for a in vars(self.memory_effect).values())
+        records = self._history_records + _record_bytes(self.last_trace)
+        return ids + text + pieces + effect + records
 
     @property
     def unloaded(self) -> bool:
