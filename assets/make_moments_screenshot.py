@@ -13,14 +13,8 @@ bars with memory and without. Needs Debian's chromium and playwright.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from bench_app import BUNDLED, start_app, stop_app  # noqa: E402
-from bench_browser import CHROMIUM, FLAGS  # noqa: E402
+from _app_page import BUNDLED, ROOT, app_page
 
 
 def main() -> None:
@@ -29,36 +23,25 @@ def main() -> None:
     parser.add_argument("--moments", default=str(ROOT / "assets" / "moments.png"))
     parser.add_argument("--window", default=str(ROOT / "assets" / "window-line.png"))
     args = parser.parse_args()
-    from playwright.sync_api import sync_playwright
+    with app_page(args.model, 1400, 1000, timeout_ms=600_000) as page:
+        page.wait_for_selector("#step")
+        page.get_by_role("tab", name="Does memory help?").click()
+        page.click("#score_btn")  # the balcony scene is in the box
+        page.wait_for_selector("#moments .txl-moments[data-moments]")
+        first = int(page.get_attribute("#moments .txl-moments", "data-moments").split(",")[0])
+        page.hover(f"#moments .txl-mom-text [data-i='{first}']")
+        page.locator("#moments").screenshot(path=args.moments)
+        print(page.inner_text("#moments .txl-mom-list"))
 
-    proc, url = start_app(args.model)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(600_000)
-            page.goto(url, wait_until="load")
-            page.wait_for_selector("#step")
-            page.get_by_role("tab", name="Does memory help?").click()
-            page.click("#score_btn")  # the balcony scene is in the box
-            page.wait_for_selector("#moments .txl-moments[data-moments]")
-            first = int(page.get_attribute("#moments .txl-moments", "data-moments").split(",")[0])
-            page.hover(f"#moments .txl-mom-text [data-i='{first}']")
-            page.locator("#moments").screenshot(path=args.moments)
-            print(page.inner_text("#moments .txl-mom-list"))
-
-            page.click("#watch_it")
-            page.wait_for_selector(f'#attention [data-position="{first - 1}"]')
-            page.click("#step")
-            page.wait_for_selector(f'#predictions .txl-pred[data-position="{first}"]')
-            page.wait_for_selector(f'#attention [data-position="{first}"]')
-            page.mouse.move(0, 0)
-            page.locator("#main-row").screenshot(path=args.window)
-            print(page.inner_text("#status"))
-            print(page.inner_text("#predictions .txl-pred-words"))
-            browser.close()
-    finally:
-        stop_app(proc)
+        page.click("#watch_it")
+        page.wait_for_selector(f'#attention [data-position="{first - 1}"]')
+        page.click("#step")
+        page.wait_for_selector(f'#predictions .txl-pred[data-position="{first}"]')
+        page.wait_for_selector(f'#attention [data-position="{first}"]')
+        page.mouse.move(0, 0)
+        page.locator("#main-row").screenshot(path=args.window)
+        print(page.inner_text("#status"))
+        print(page.inner_text("#predictions .txl-pred-words"))
     print(f"wrote {args.moments} and {args.window}")
 
 

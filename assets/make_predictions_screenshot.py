@@ -12,14 +12,8 @@ back to that step and saves the page's main row. Needs Debian's chromium and pla
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from bench_app import BUNDLED, start_app, stop_app  # noqa: E402
-from bench_browser import CHROMIUM, FLAGS  # noqa: E402
+from _app_page import BUNDLED, ROOT, app_page
 
 PROMPT = (
     "ROMEO:\nShe speaks, yet she says nothing: what of that?\n"
@@ -34,37 +28,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--out", default=str(ROOT / "assets" / "predictions.png"))
     args = parser.parse_args()
-    from playwright.sync_api import sync_playwright
-
-    proc, url = start_app(args.model)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(120_000)
-            page.goto(url, wait_until="load")
-            page.wait_for_selector("#prompt textarea")
-            page.fill("#prompt textarea", PROMPT)
-            best = None  # (position, bits saved)
-            for i in range(args.steps):
-                position = len(PROMPT) + i
-                page.click("#step")
-                page.wait_for_selector(f'#predictions .txl-pred[data-position="{position}"]')
-                saved = float(page.get_attribute("#predictions .txl-pred", "data-bits-saved"))
-                if i >= 40 and (best is None or saved > best[1]):
-                    best = (position, saved)
-            page.click("#text button[data-shade='effect']")
-            page.wait_for_selector("#text .txl-textview[data-shade='effect']")
-            page.fill("#history input[type=number]", str(best[0] - position))
-            page.press("#history input[type=number]", "Enter")
-            page.wait_for_selector(f'#predictions .txl-pred[data-position="{best[0]}"]')
-            page.wait_for_selector(f'#attention [data-position="{best[0]}"]')
-            page.mouse.move(0, 0)
-            page.locator("#main-row").screenshot(path=args.out)
-            print(f"step {best[0]}: {page.inner_text('#predictions .txl-pred-words')}")
-            browser.close()
-    finally:
-        stop_app(proc)
+    with app_page(args.model, 1400, 1000, timeout_ms=120_000) as page:
+        page.wait_for_selector("#prompt textarea")
+        page.fill("#prompt textarea", PROMPT)
+        best = None  # (position, bits saved)
+        for i in range(args.steps):
+            position = len(PROMPT) + i
+            page.click("#step")
+            page.wait_for_selector(f'#predictions .txl-pred[data-position="{position}"]')
+            saved = float(page.get_attribute("#predictions .txl-pred", "data-bits-saved"))
+            if i >= 40 and (best is None or saved > best[1]):
+                best = (position, saved)
+        page.click("#text button[data-shade='effect']")
+        page.wait_for_selector("#text .txl-textview[data-shade='effect']")
+        page.fill("#history input[type=number]", str(best[0] - position))
+        page.press("#history input[type=number]", "Enter")
+        page.wait_for_selector(f'#predictions .txl-pred[data-position="{best[0]}"]')
+        page.wait_for_selector(f'#attention [data-position="{best[0]}"]')
+        page.mouse.move(0, 0)
+        page.locator("#main-row").screenshot(path=args.out)
+        print(f"step {best[0]}: {page.inner_text('#predictions .txl-pred-words')}")
     print(f"wrote {args.out}")
 
 

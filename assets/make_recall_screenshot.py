@@ -11,14 +11,8 @@ chromium and playwright.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from bench_app import BUNDLED, start_app, stop_app  # noqa: E402
-from bench_browser import CHROMIUM, FLAGS  # noqa: E402
+from _app_page import BUNDLED, ROOT, app_page
 
 
 def main() -> None:
@@ -26,28 +20,17 @@ def main() -> None:
     parser.add_argument("--model", default=str(BUNDLED))
     parser.add_argument("--out", default=str(ROOT / "assets" / "recall.png"))
     args = parser.parse_args()
-    from playwright.sync_api import sync_playwright
-
-    proc, url = start_app(args.model)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(120_000)
-            page.goto(url, wait_until="load")
-            page.get_by_role("tab", name="How far back can it recall?").click()
-            page.click("#recall_btn")
-            page.wait_for_function(
-                "document.querySelector('#recall_summary')?.innerText"
-                ".includes('distances read in')"
-            )
-            page.wait_for_selector("#recall_plot .scatterlayer .trace")
-            page.mouse.move(0, 0)
-            page.locator("#recall_summary").locator("xpath=../..").screenshot(path=args.out)
-            print(page.inner_text("#recall_summary"))
-            browser.close()
-    finally:
-        stop_app(proc)
+    with app_page(args.model, 1400, 900, timeout_ms=120_000) as page:
+        page.get_by_role("tab", name="How far back can it recall?").click()
+        page.click("#recall_btn")
+        page.wait_for_function(
+            "document.querySelector('#recall_summary')?.innerText"
+            ".includes('distances read in')"
+        )
+        page.wait_for_selector("#recall_plot .scatterlayer .trace")
+        page.mouse.move(0, 0)
+        page.locator("#recall_summary").locator("xpath=../..").screenshot(path=args.out)
+        print(page.inner_text("#recall_summary"))
     print(f"wrote {args.out}")
 
 
