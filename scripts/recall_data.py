@@ -38,9 +38,11 @@ def made_up_name(rng: random.Random) -> str:
 
 
 def copy_drill(rng: random.Random) -> str:
-    """A line of 2-5 made-up lowercase words, then the same line again."""
+    """A line of 2-5 made-up words (lower case, or capitals as names are), then the same
+    line again."""
+    letters = string.ascii_uppercase if rng.random() < 0.3 else string.ascii_lowercase
     words = [
-        "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 7)))
+        "".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
         for _ in range(rng.randint(2, 5))
     ]
     line = " ".join(words)
@@ -74,14 +76,20 @@ def main(argv=None) -> int:
     p.add_argument("--rename", type=float, default=0.7, help="chance a speaker is renamed")
     p.add_argument("--max-lines", type=int, default=0, help="cut speeches to n lines (0: no)")
     p.add_argument("--copy-every", type=int, default=0, help="a copy drill every n speeches")
+    p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     train, _ = train_val_split(load_text(a.data))
-    parts = [
-        recall_text(train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed + r)
-        for r in range(a.repeat)
-    ]
+    if a.drills:  # a text of copy drills alone: the densest copying signal
+        rng = random.Random(a.seed)
+        train = ""
+        parts = ["".join(copy_drill(rng) for _ in range(a.drills))]
+    else:
+        parts = [
+            recall_text(train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed + r)
+            for r in range(a.repeat)
+        ]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text("".join(parts))
     print(f"{a.out}: {sum(map(len, parts)):,} characters")
