@@ -6,8 +6,12 @@ sessions would take."""
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 import threading
-import tracemalloc
+from pathlib import Path
 
 import gradio as gr
 import numpy as np
@@ -29,6 +33,7 @@ from txl.budget import (
 from txl.model import KVMemory
 from txl.session import Session
 
+ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "ROMEO:\nBut soft! what light through yonder window breaks? It is the east. "
 
 
@@ -156,38 +161,58 @@ def test_unload_and_reload_continue_exactly(model, tmp_path):
     same_memory(s, alone)
 
 
-def unloaded_session(model, steps: int) -> Session:
+# Measured in a fresh interpreter: in a full run, what earlier tests left in this process
+# (apps serving on their threads, caches grown elsewhere) moved tracemalloc's count by
+# 13-15 %, twice, while the session's records were the same to the byte.
+MEASURE_RECORDS = """
+import gc, json, sys, tracemalloc
+import torch
+from txl import TransformerXL
+from txl.session import Session
+
+torch.set_num_threads(1)
+folder, prompt, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model = TransformerXL.from_pretrained(folder)
+
+def unloaded_session():
     s = Session(model, temperature=1.0, seed=0)
-    s.start(PROMPT * 12)  # 888 characters
+    s.start(prompt * 12)
     for _ in range(steps):
         s.step()
     s.unload()  # its tensors are handed over and dropped here
     return s
 
+unloaded_session()  # the first fills whatever a step caches for good
+gc.collect()
+tracemalloc.start()
+before = tracemalloc.get_traced_memory()[0]
+s = unloaded_session()
+gc.collect()
+kept = tracemalloc.get_traced_memory()[0] - before
+tracemalloc.stop()
+print(json.dumps({"kept": kept, "record_bytes": s.record_bytes()}))
+"""
 
-def test_record_bytes_are_what_an_unloaded_session_keeps(model):
+
+def test_record_bytes_are_what_an_unloaded_session_keeps(folder):
     """What stays in RAM of a session whose memory went to disk is its records (text, ids,
     the memory-effect record, each step's predictions: ~3 KB a step), and record_bytes
     counts them: within 10 % of what tracemalloc sees the session keep (a forgotten
     record, or one counted twice, is off by far more)."""
     steps = 100
-    unloaded_session(model, steps)  # the first fills whatever a step caches for good
-    gc.collect()
-    # Only what this test's own calls allocate: in a full run, apps that earlier tests left
-    # serving allocate on their threads meanwhile (13 % more was seen). A trace counts when
-    # this file is on its stack; 128 frames keep that frame on every trace of a Step.
-    from_here = [tracemalloc.Filter(True, __file__, all_frames=True)]
-    tracemalloc.start(128)
-    try:
-        before = tracemalloc.take_snapshot().filter_traces(from_here)
-        s = unloaded_session(model, steps)
-        gc.collect()
-        after = tracemalloc.take_snapshot().filter_traces(from_here)
-    finally:
-        tracemalloc.stop()
-    kept = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    run = subprocess.run(
+        [sys.executable, "-c", MEASURE_RECORDS, str(folder), PROMPT, str(steps)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    measured = json.loads(run.stdout.splitlines()[-1])
+    kept = measured["kept"]
     assert steps * 1000 < kept < steps * STEP_RECORD_BYTES  # the steps' predictions
-    assert 0.9 * kept <= s.record_bytes() <= 1.1 * kept
+    assert 0.9 * kept <= measured["record_bytes"] <= 1.1 * kept
 
 
 def test_growth_counts_the_model_table_a_longer_memory_builds(folder):
