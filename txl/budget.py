@@ -191,20 +191,13 @@ def model_cache_bytes(model) -> int:
     for every distance up to twice the longest memory + segment it has served; 15-26 MB
     for the bundled model once a session used mem_len 2048). Shared by all the model's
     sessions and never freed while the model lives, so it is counted once per model."""
-    table = getattr(model, "_position_table", None)
-    return sum(k.nbytes for k in table.keys) if table is not None else 0
+    return model.position_table_bytes()
 
 
 def position_table_growth(model, keys: int) -> int:
     """The bytes of the table of position keys a forward over ``keys`` keys builds, when the
-    model's table is shorter (0 when it covers them): per layer [H, Dh, longest + 1], with
-    longest = max(2 (keys - 1), 256), the rule of TransformerXL.position_keys_cached."""
-    table = getattr(model, "_position_table", None)
-    if table is not None and table.longest >= keys - 1:
-        return 0
-    c = model.config
-    element = next(model.parameters()).element_size()
-    return c.n_layer * c.n_head * c.d_head * (max(2 * (keys - 1), 256) + 1) * element
+    model's table is shorter (0 when it covers them)."""
+    return model.position_table_growth(keys)
 
 
 # ---- the budget ------------------------------------------------------------------------

@@ -715,7 +715,7 @@ class TransformerXL(
             or table.longest < K - 1
             or _fingerprint(table.weights) != table.fingerprint
         ):
-            longest = max(2 * (K - 1), 256)
+            longest = self.position_table_longest(K)
             r = self.pos_enc(self.distances(longest + 1, device), dtype)  # longest ... 0
             weights = [layer.attn.r_proj.weight for layer in self.layers]
             keys = [layer.attn.position_keys(r).mT.contiguous() for layer in self.layers]
@@ -726,6 +726,27 @@ class TransformerXL(
             last = (K, [k[:, :, table.longest - (K - 1) :] for k in table.keys])  # [H, Dh, K]
             table.last = last
         return last[1] if key_last else [k.mT for k in last[1]]
+
+    @staticmethod
+    def position_table_longest(K: int) -> int:
+        """The longest distance a table built for K keys covers: twice what is asked, so a
+        memory that grows step by step does not rebuild it every step, and at least 256."""
+        return max(2 * (K - 1), 256)
+
+    def position_table_bytes(self) -> int:
+        """Bytes of the table of position keys kept now (0 before the first cached call):
+        shared by every session of this model, freed only with the model."""
+        table = self._position_table
+        return sum(k.nbytes for k in table.keys) if table is not None else 0
+
+    def position_table_growth(self, K: int) -> int:
+        """Bytes of the table a cached call over K keys builds when the kept one is shorter
+        (0 when it covers them): per layer [H, Dh, longest + 1]."""
+        table = self._position_table
+        if table is not None and table.longest >= K - 1:
+            return 0
+        c, element = self.config, next(self.parameters()).element_size()
+        return c.n_layer * c.n_head * c.d_head * (self.position_table_longest(K) + 1) * element
 
     def step_weights(self) -> list[StepWeights]:
         """The layers' StepWeights, kept between steps. They hold views of the parameters
