@@ -270,3 +270,33 @@ def test_figure_numbers_and_words(model):
     partial = recall_markdown(rows, MEM, SEG, total=7, seconds=0.4)
     assert "Read 3 of 7 distances" in partial and "with memory (12)" in partial
     assert "3 distances read in 0.4 s" in recall_markdown(rows, MEM, SEG, total=3, seconds=0.4)
+
+
+def test_the_cli_writes_the_mean_of_every_probe(model, tmp_path):
+    """python -m txl.evaluate --recall: each distance's row is the mean of that distance's
+    rows over every name and filler."""
+    import argparse
+    import json
+
+    from txl.evaluate import recall_main
+
+    text = (
+        "But soft, what light through yonder window breaks? It is the east, and Juliet "
+        "is the sun. Arise, fair sun, and kill the envious moon. "
+    ) * 4
+    args = argparse.Namespace(
+        recall="ZANTHOR,Quibley", filler_at="0,7", distances="16,40", mem_len=32,
+        json=tmp_path / "recall.json",
+    )  # fmt: skip
+    assert recall_main(model, text, args) == 0
+    written = json.loads(args.json.read_text())
+    probes = [
+        list(recall_probe(model, name, text[at : at + 40], [16, 40], 32))
+        for name in ("ZANTHOR", "Quibley")
+        for at in (0, 7)
+    ]
+    for i, row in enumerate(written):
+        for field in ("bits_memory", "bits_window", "bits_segments"):
+            mean = sum(getattr(p[i], field) for p in probes) / len(probes)
+            assert row[field] == pytest.approx(mean, rel=1e-12)
+        assert row["distance"] == [16, 40][i]

@@ -326,13 +326,11 @@ def recall_main(model: TransformerXL, val_text: str, args) -> int:
             print(f"{name}, filler from validation position {at}:")
             print(format_recall(rows, mem_len, window))
             every.append(rows)
-    mean = [
+    mean = [  # per distance, the mean of its rows over the probes (the text: the first's)
         dataclasses.replace(
-            rows[0],
-            **{k: sum(getattr(r[i], k) for r in every) / len(every) for k in BITS_FIELDS},
+            same_k[0], **{f: sum(getattr(r, f) for r in same_k) / len(same_k) for f in BITS}
         )
-        for i, rows in enumerate(zip(*every))
-        for rows in [list(rows)]
+        for same_k in zip(*every)
     ]
     print(f"mean of {len(every)} probes:")
     print(format_recall(mean, mem_len, window))
@@ -342,7 +340,7 @@ def recall_main(model: TransformerXL, val_text: str, args) -> int:
     return 0
 
 
-BITS_FIELDS = ("bits_memory", "bits_window", "bits_segments")
+BITS = ("bits_memory", "bits_window", "bits_segments")
 
 
 if __name__ == "__main__":
