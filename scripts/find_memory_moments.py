@@ -33,23 +33,12 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from txl import TransformerXL  # noqa: E402
-from txl.data import load_text, train_val_split  # noqa: E402
+from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
 from txl.moments import find_moments  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "weights" / "shakespeare-char"
 DEFAULT_OUT = ROOT / "tabs" / "memory_moments.json"
 AFTER_CHARS = 40  # the play from the character on, for the words that say what to watch
-
-
-def default_data() -> Path:
-    """$TXL_DATA, else the shared copy beside the checkout, else ~/.cache/txl (downloaded
-    there once when absent): where tests/test_weights.py looks."""
-    if os.environ.get("TXL_DATA"):
-        return Path(os.environ["TXL_DATA"])
-    shared = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-    if shared.exists():
-        return shared
-    return Path.home() / ".cache" / "txl" / "tinyshakespeare.txt"
 
 
 def what_follows(text: str, position: int) -> str:
@@ -113,7 +102,7 @@ def main(argv=None) -> int:
     os.nice(args.nice)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    data = args.data or default_data()
+    data = args.data or tiny_shakespeare_path(ROOT)
     try:
         _, val = train_val_split(load_text(data, download=args.data is None))
     except OSError as e:

@@ -8,7 +8,6 @@ from ../shared/data/tinyshakespeare.txt beside the checkout, or download it once
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 
 from tests.tolerance import RECORDED_ELSEWHERE, assert_ulps_close
 from txl import TransformerXL
-from txl.data import load_text, train_val_split
+from txl.data import load_text, tiny_shakespeare_path, train_val_split
 from txl.evaluate import evaluate_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,12 +24,7 @@ WEIGHTS = ROOT / "weights" / "shakespeare-char"
 
 
 def data_path() -> Path:
-    if os.environ.get("TXL_DATA"):
-        return Path(os.environ["TXL_DATA"])
-    shared = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-    if shared.exists():
-        return shared
-    return Path.home() / ".cache" / "txl" / "tinyshakespeare.txt"
+    return tiny_shakespeare_path(ROOT)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ segment s of every row follows segment s - 1 of the same row: batch s is
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,18 @@ from torch import Tensor
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 )
+
+
+def tiny_shakespeare_path(checkout: Path) -> Path:
+    """Where a checkout's scripts and tests find Tiny Shakespeare: $TXL_DATA, else the
+    shared copy beside the checkout (../shared/data), else ~/.cache/txl (for
+    ``load_text(..., download=True)`` to fetch it there once)."""
+    if os.environ.get("TXL_DATA"):
+        return Path(os.environ["TXL_DATA"])
+    shared = checkout.parent / "shared" / "data" / "tinyshakespeare.txt"
+    if shared.exists():
+        return shared
+    return Path.home() / ".cache" / "txl" / "tinyshakespeare.txt"
 
 
 def load_text(path: str | Path, download: bool = False) -> str:
