@@ -25,7 +25,7 @@ softmaxed alone over the query's keys, softmax(scale · term) (Figure 7: what ea
 would attend to by itself; (c) is left out as in the paper).
 
 The newest token's four terms in a step are ``StepTrace.terms`` (``txl.session``), shown by
-``txl.viz.step_terms``.
+the demo's ``webapp.anatomy_viz.step_terms``.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .anatomy_viz import TERMS, mean_distance, share_beyond  # noqa: F401 (part of the API)
 from .model import KVMemory, TransformerXL
 
 TERM_INDEX = {"a": 0, "b": 1, "c": 2, "d": 3}  # in score_terms' [4, ...] output
+TERMS = ("a", "b", "d")  # term_profiles' first axis (the paper's Figure 7)
 
 
 @dataclass
@@ -89,6 +89,16 @@ def by_distance(weights: Tensor, D: int) -> Tensor:
     out = weights.new_zeros(X, D)
     out[:, :K] = aligned.sum(dim=1).flip(-1)  # distances 0 ... K - 1
     return out
+
+
+def mean_distance(profile: np.ndarray) -> np.ndarray:
+    """[..., D] -> [...]: the mean distance a head reads at, Σ_Δ Δ · profile[..., Δ]."""
+    return profile @ np.arange(profile.shape[-1], dtype=np.float64)
+
+
+def share_beyond(profile: np.ndarray, distance: int) -> np.ndarray:
+    """[..., D] -> [...]: the share of attention on keys ``distance`` or more back."""
+    return profile[..., distance:].sum(axis=-1)
 
 
 def iter_profiles(

@@ -1,4 +1,4 @@
-"""Views of the inside of the attention (txl.anatomy), from plain arrays: no Gradio, no torch.
+"""Views of the inside of the attention (txl.anatomy), from plain arrays: no Gradio.
 
 - :func:`step_terms`: the newest token's four score terms for one layer and head, as JSON
   (the /step summary's ``"terms"``, and the strips under the attention view that
@@ -15,6 +15,8 @@ import io
 import math
 
 import numpy as np
+
+from .anatomy import TERMS, mean_distance, share_beyond
 
 # ---- the newest token's four terms ---------------------------------------------------
 
@@ -105,7 +107,6 @@ PAPER_FIGURE_7 = (
     "attention's trend (near); (d), the global position bias, is flatter and gives "
     "relatively more weight to far positions."
 )
-TERMS = ("a", "b", "d")  # txl.anatomy.term_profiles' first axis (the paper's Figure 7)
 ORDERS = {
     "layer": "layer, then head",
     "mean": "mean distance, farthest first",
@@ -131,16 +132,6 @@ def bucket_means(profile: np.ndarray, buckets) -> np.ndarray:
     paper's per-distance average; a sum would make the wide far ranges look heavy)."""
     sums = np.add.reduceat(profile, [a for a, _ in buckets], axis=-1)
     return sums / np.array([b - a for a, b in buckets], dtype=np.float64)
-
-
-def mean_distance(profile: np.ndarray) -> np.ndarray:
-    """[..., D] -> [...]: the mean distance a head reads at, Σ_Δ Δ · profile[..., Δ]."""
-    return profile @ np.arange(profile.shape[-1], dtype=np.float64)
-
-
-def share_beyond(profile: np.ndarray, distance: int) -> np.ndarray:
-    """[..., D] -> [...]: the share of attention on keys ``distance`` or more back."""
-    return profile[..., distance:].sum(axis=-1)
 
 
 def head_order(profile: np.ndarray, order: str, seg_len: int) -> list[tuple[int, int]]:
