@@ -31,7 +31,7 @@ The policy, in one place (``Traffic.turn``):
   ``base_threads`` (a no-op when it already is) and every chunk restores its thread.
 - **Independent tasks.** A chunk made of independent pieces (the Score's reads of one text
   with several memory lengths: ``turn(tasks=n)``) runs them side by side, one core and
-  one torch thread each (``side_by_side``), when the cores are free, and one after the
+  one torch thread each (``txl.threads.side_by_side``), when the cores are free, and one after the
   other otherwise. No measuring is needed: separate tasks do not wait on each other, so
   they cannot be slowed down the way two threads of one product can; on this 2-core
   machine the balcony scene's two reads took 1.3 s side by side, 1.55 s with two threads
@@ -55,10 +55,11 @@ import os
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
+
+from .threads import torch_threads
 
 PROBE_EVERY = 8  # every 8th chunk on free cores measures the thread count not in use
 
@@ -67,43 +68,9 @@ class JobCancelled(Exception):
     """The job was cancelled (its owner started another one, or closed it)."""
 
 
-def side_by_side(tasks, at_once: int) -> list:
-    """Run the functions ``tasks`` (no arguments) ``at_once`` at a time, each with one
-    torch thread on its own OS thread (the first of each group in this one); their
-    results in order. An exception in any is raised here after the group ends."""
-    tasks, results = list(tasks), []
-    if at_once <= 1 or len(tasks) <= 1:
-        return [task() for task in tasks]
-
-    def alone(task):
-        torch.set_num_threads(1)  # a new thread starts with the count last set anywhere
-        return task()
-
-    with ThreadPoolExecutor(at_once - 1, thread_name_prefix="txl-task") as pool:
-        for i in range(0, len(tasks), at_once):
-            group = tasks[i : i + at_once]
-            others = [pool.submit(alone, task) for task in group[1:]]
-            with torch_threads(1, restore=torch.get_num_threads()):
-                first = group[0]()
-            results += [first] + [other.result() for other in others]
-    return results
-
-
 def env_threads(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
     return max(1, int(value)) if value else default
-
-
-@contextmanager
-def torch_threads(n: int, restore: int):
-    """Run the block with ``n`` torch threads on this OS thread, then set ``restore``."""
-    if torch.get_num_threads() != n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != restore:
-            torch.set_num_threads(restore)
 
 
 class Traffic:
@@ -225,7 +192,7 @@ class Traffic:
         spreading pays (it does not when other processes hold the cores).
 
         Yields the chunk's torch threads; with ``tasks`` > 1 (a chunk of that many
-        independent tasks) how many of them to run at once instead, for ``side_by_side``:
+        independent tasks) how many of them to run at once instead (txl.threads.side_by_side):
         up to long_threads when the cores are free, else one."""
         if job.cancelled:
             raise JobCancelled

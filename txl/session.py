@@ -43,7 +43,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .longwork import side_by_side
 from .model import KVMemory, TransformerXL
 from .predictions import MemoryEffect, Predictions, predictions, window_logits
 from .sampling import sample_next
@@ -61,6 +60,7 @@ from .scoring import (
     stream_nll,
     top_moments,
 )
+from .threads import side_by_side
 
 LN2 = math.log(2)
 
@@ -632,7 +632,7 @@ class Session:
         around each chunk of work (txl.longwork's ``job.turn``: threads, pauses, cancel);
         the sliding window's chunks, all alike, pass ``work=`` their windows; the reads
         (one per memory length) pass ``tasks=`` how many are left, and run as many side by
-        side as the turn yields (``txl.longwork.side_by_side``: one core each).
+        side as the turn yields (``txl.threads.side_by_side``: one core each).
         The sweep reuses the two reads for memory 0 and mem_len: the same computation."""
         pace = pace or (lambda work=None, tasks=1: nullcontext(1))
         ids, unknown = self.encode(text)

@@ -1,0 +1,50 @@
+"""Torch threads: independent pieces of work side by side, one core each.
+
+torch's intra-op thread count is set per OS thread (``torch.set_num_threads``), and a new
+thread starts with the count last set anywhere. Tasks that share nothing (the same text
+read with two memory lengths) can each take one core and one torch thread: they never wait
+on each other, as the threads of one product do. The caller decides how many run at once
+(``Session.score_stages``' ``pace``: in the app, the server's scheduler, which knows how
+many cores its visitors leave free).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import torch
+
+
+def side_by_side(tasks, at_once: int) -> list:
+    """Run the functions ``tasks`` (no arguments) ``at_once`` at a time, each with one
+    torch thread on its own OS thread (the first of each group in this one); their
+    results in order. An exception in any is raised here after the group ends."""
+    tasks, results = list(tasks), []
+    if at_once <= 1 or len(tasks) <= 1:
+        return [task() for task in tasks]
+
+    def alone(task):
+        torch.set_num_threads(1)  # a new thread starts with the count last set anywhere
+        return task()
+
+    with ThreadPoolExecutor(at_once - 1, thread_name_prefix="txl-task") as pool:
+        for i in range(0, len(tasks), at_once):
+            group = tasks[i : i + at_once]
+            others = [pool.submit(alone, task) for task in group[1:]]
+            with torch_threads(1, restore=torch.get_num_threads()):
+                first = group[0]()
+            results += [first] + [other.result() for other in others]
+    return results
+
+
+@contextmanager
+def torch_threads(n: int, restore: int):
+    """Run the block with ``n`` torch threads on this OS thread, then set ``restore``."""
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != restore:
+            torch.set_num_threads(restore)
