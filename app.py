@@ -5,7 +5,7 @@
 
 This file only builds the page and wires events: the text, memory and sampling live in
 ``txl.session.Session`` (one per browser session, in ``gr.State``), the figures in
-``txl.viz``. The model itself is loaded once per source and shared read-only.
+``webapp.viz``. The model itself is loaded once per source and shared read-only.
 
 Environment: TXL_MODEL (model to load first), GRADIO_SERVER_NAME / GRADIO_SERVER_PORT,
 TXL_CONCURRENCY (events run at once, default 4), TXL_MAX_SESSIONS (browser sessions kept,
@@ -42,14 +42,11 @@ import time  # noqa: E402
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-from tabs import anatomy as anatomy_tab  # noqa: E402
-from tabs import moments as moments_tab  # noqa: E402
-from tabs import recall as recall_tab  # noqa: E402
-from tabs import score as score_tab  # noqa: E402
-from tabs.examples import EXAMPLES  # noqa: E402
-from txl import TXLConfig, anatomy_viz, viz  # noqa: E402
+from txl import TXLConfig  # noqa: E402
 from txl.hub import TXLLoadError  # noqa: E402
-from txl.serve import (  # noqa: E402
+from txl.session import Session  # noqa: E402
+from webapp import anatomy_viz, viz  # noqa: E402
+from webapp.serve import (  # noqa: E402
     HISTORY_STEPS,
     MAX_MEM_LEN,
     ROOT,
@@ -65,7 +62,11 @@ from txl.serve import (  # noqa: E402
     resolve_source,
     user_errors,
 )
-from txl.session import Session  # noqa: E402
+from webapp.tabs import anatomy as anatomy_tab  # noqa: E402
+from webapp.tabs import moments as moments_tab  # noqa: E402
+from webapp.tabs import recall as recall_tab  # noqa: E402
+from webapp.tabs import score as score_tab  # noqa: E402
+from webapp.tabs.examples import EXAMPLES  # noqa: E402
 
 MAX_NEW_TOKENS = 500  # per Generate call
 MAX_SOURCE_CHARS = 256  # the Load box: a Hub id is at most 96 + 1 + 96 characters
@@ -81,10 +82,10 @@ BUTTONS = [
     ("reset", "stop"),
 ]
 EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
-# The two per-step views: gr.HTML whose value is a dict (txl.viz.text_view /
-# attention_view) drawn by txl/web/views.js. The templates do not depend on the value,
+# The two per-step views: gr.HTML whose value is a dict (webapp.viz.text_view /
+# attention_view) drawn by webapp/web/views.js. The templates do not depend on the value,
 # so Gradio leaves their DOM alone and only the watch() callbacks redraw.
-WEB = ROOT / "txl" / "web"
+WEB = ROOT / "webapp" / "web"
 # views.js first (it defines window.TXL); each other file adds its own views to TXL.
 # Put in the page's <head> once, by launch() beside the CSS, for every view that mounts.
 WEB_SCRIPTS = [WEB / "views.js"] + sorted(p for p in WEB.glob("*.js") if p.name != "views.js")
@@ -108,7 +109,7 @@ TEXT_TEMPLATE = (
 
 
 class TXLApp(Server):
-    """The page and its handlers (small: they call Session and txl.viz)."""
+    """The page and its handlers (small: they call Session and webapp.viz)."""
 
     # -- views --
 
@@ -171,7 +172,7 @@ class TXLApp(Server):
 
     @staticmethod
     def predictions_view(s: Session, t=None, history=None) -> dict | None:
-        """The bars' data (txl/web/predictions.js): step ``t``'s prediction with and
+        """The bars' data (webapp/web/predictions.js): step ``t``'s prediction with and
         without memory (the last step when None)."""
         t = s.last_trace if t is None else t
         return viz.predictions_view(t, s.seg_len, s.tokenizer.unit, history)
@@ -460,7 +461,7 @@ class TXLApp(Server):
                     label="Characters to generate",
                     elem_id="n_tokens",
                 )
-                # One line, **bold** its only markup (txl/web/summary.js): a gr.Markdown
+                # One line, **bold** its only markup (webapp/web/summary.js): a gr.Markdown
                 # parsed and sanitised it anew on every Step.
                 ui["status"] = gr.HTML(
                     "Memory **on** · nothing generated yet",
@@ -523,7 +524,7 @@ class TXLApp(Server):
                 ui["attention"] = gr.HTML(
                     None,
                     html_template=ATTENTION_TEMPLATE,
-                    # txl/web/terms.js: the chosen head's four score terms, under the view
+                    # webapp/web/terms.js: the chosen head's four score terms, under the view
                     js_on_load="TXL.mountAttention(element, props, watch); "
                     "TXL.mountTerms(element, props, watch)",
                     label="Attention of the newest token",
@@ -550,7 +551,7 @@ class TXLApp(Server):
                         label="attention.json", visible=False, elem_id="export_file"
                     )
                 with gr.Accordion("Last step (JSON)", open=False):
-                    # Drawn by txl/web/summary.js, only while open: the page's Step sends
+                    # Drawn by webapp/web/summary.js, only while open: the page's Step sends
                     # it packed (viz.packed), one JSON string that a gr.JSON cannot show.
                     ui["summary"] = gr.HTML(
                         None,
@@ -589,7 +590,7 @@ class TXLApp(Server):
             trigger_mode="always_last",
             **model,
         )
-        # Play runs in the page (txl/web/views.js): Step after Step, no loop on the server.
+        # Play runs in the page (webapp/web/views.js): Step after Step, no loop on the server.
         ui["play"].click(None, js="() => { TXL.togglePlay(); }")
         ui["reset"].click(self.reset, [state], views, api_name="reset")
         score_tab.wire(self, ui, state, views)  # /score, and Watch it
@@ -711,7 +712,7 @@ def main() -> None:
     # small to split (two threads on busy cores made a step 20x slower in benchmarks).
     torch.set_num_threads(env_int("TXL_TORCH_THREADS", 1))
     # SIGTERM (how a Space or a supervisor stops the app) ends it like Ctrl-C, so that the
-    # folder of offloaded memories is removed on the way out (txl.budget.MemoryBudget).
+    # folder of offloaded memories is removed on the way out (webapp.budget.MemoryBudget).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = TXLApp()
     for problem in (app.load_error, app.load_notice):

@@ -12,7 +12,7 @@ its own free port; stopped at the end, also on error) and gets a fresh browser c
 until the page's main thread is idle (its start-up is not timed). Measured, per app:
 
 - click -> painted (median, p95 ms): from the click on Step until the page shows the new
-  step's attention. The new view (txl/web/views.js) sets ``data-position`` on its canvas'
+  step's attention. The new view (webapp/web/views.js) sets ``data-position`` on its canvas'
   root; the Plotly heatmap of the app before it names the position in its title. Timed in
   the page (performance.now, checked every animation frame): no Playwright round trips.
 - main thread per Step (ms): the Chrome DevTools Protocol's Performance.getMetrics before

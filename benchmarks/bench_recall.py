@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from tabs.examples import RECALL_FILLER  # noqa: E402
 from txl import TransformerXL  # noqa: E402
 from txl.recall import DISTANCES, recall_probe, recall_row  # noqa: E402
+from webapp.tabs.examples import RECALL_FILLER  # noqa: E402
 
 BUNDLED = ROOT / "weights" / "shakespeare-char"
 NAME = "ZANTHOR"

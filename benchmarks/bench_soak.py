@@ -198,7 +198,8 @@ def kv_bytes(model_folder: str, positions: int) -> int:
 
 def balcony() -> str:
     """The Score tab's first example (read from the source: no gradio import needed)."""
-    homes = [ROOT / "tabs" / "examples.py", ROOT / "tabs" / "score.py", ROOT / "app.py"]
+    tabs = ROOT / "webapp" / "tabs"
+    homes = [tabs / "examples.py", tabs / "score.py", ROOT / "app.py"]
     source = next(p for p in homes if p.exists()).read_text()
     start = source.index('ROMEO_AND_JULIET = """\\\n') + len('ROMEO_AND_JULIET = """\\\n')
     return source[start : source.index('"""', start)]

@@ -5,7 +5,7 @@
 Reads the validation text (the last 10 % of Tiny Shakespeare, as ``python -m txl.evaluate``
 splits it) in segments of the model's tgt_len from an empty memory, once per memory length,
 and writes assets/anatomy-fig5-memN.png and assets/anatomy-fig7-memN.png, the same figures
-the "Inside the attention" tab draws (txl.anatomy_viz), and prints what they say.
+the "Inside the attention" tab draws (webapp.anatomy_viz), and prints what they say.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ character's surprisal with memory (the text read as one stream in segments of th
 tgt_len, memory its mem_len) and through the sliding window of tgt_len; the characters where
 memory saves the most bits are then read again as the Watch tab reads a prompt (their
 ~600-character passage alone) and the best ``--k``, their passages disjoint, are written to
-``tabs/memory_moments.json``, which the app reads (txl/moments.py says how). Rerun it
+``webapp/tabs/memory_moments.json``, which the app reads (txl/moments.py says how). Rerun it
 whenever the weights change: tests/test_memory_moments.py checks the file against them.
 
 Cost: the sliding window runs the model once per character (~10-25 ms each on one core of a
@@ -37,7 +37,7 @@ from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: 
 from txl.moments import find_moments  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "weights" / "shakespeare-char"
-DEFAULT_OUT = ROOT / "tabs" / "memory_moments.json"
+DEFAULT_OUT = ROOT / "webapp" / "tabs" / "memory_moments.json"
 AFTER_CHARS = 40  # the play from the character on, for the words that say what to watch
 
 

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.tolerance import ROW_SUM, SAME_SUMS, assert_ulps_close
-from txl import TransformerXL, TXLConfig, anatomy_viz
+from txl import TransformerXL, TXLConfig
 from txl.anatomy import (
     Profiles,
     distance_profile,
@@ -33,6 +33,7 @@ from txl.anatomy import (
 from txl.convert import convert_folder
 from txl.model import KVMemory
 from txl.session import Session
+from webapp import anatomy_viz
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL64 = 1e-10
@@ -272,7 +273,7 @@ def test_profiles_of_a_bfloat16_model_are_summed_in_float32():
     np.testing.assert_allclose(result.attention, close, atol=0.05)
 
 
-# ---- the views: txl.anatomy_viz ------------------------------------------------------
+# ---- the views: webapp.anatomy_viz ------------------------------------------------------
 
 
 def test_distance_buckets_cover_every_distance_once():

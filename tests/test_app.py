@@ -22,10 +22,10 @@ from gradio_client import Client  # noqa: E402
 
 import app  # noqa: E402
 from benchmarks.bench_app import api_client  # noqa: E402
-from tabs.examples import ROMEO_AND_JULIET  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
-from txl import serve as txl_serve  # noqa: E402
 from txl.session import Session  # noqa: E402
+from webapp import serve as webapp_serve  # noqa: E402
+from webapp.tabs.examples import ROMEO_AND_JULIET  # noqa: E402
 
 VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 SEG_LEN, MEM_LEN = 16, 32
@@ -460,7 +460,7 @@ def test_watch_it_prompt_is_the_text_before_the_moment(server):
 
 
 def test_score_skips_the_sliding_window_of_long_texts(server, client, monkeypatch):
-    monkeypatch.setattr(txl_serve, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
+    monkeypatch.setattr(webapp_serve, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
     _, summary, numbers, _, _ = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN, api_name="/score")
     assert numbers["bpc"]["sliding_window"] is None
     assert numbers["seconds"]["sliding_window"] is None
@@ -526,7 +526,7 @@ def test_a_new_score_cancels_the_sessions_running_one(server):
 def test_score_tab_opens_with_an_example_and_checks_the_text_first(server):
     """The first click works (the box is filled); a text it cannot score is refused by
     the private check before /score runs, so the charts stay as they were."""
-    from tabs.examples import ROMEO_AND_JULIET
+    from webapp.tabs.examples import ROMEO_AND_JULIET
 
     txl_app = server[1]
     demo = txl_app.build()
@@ -639,7 +639,7 @@ def test_load_model_affects_only_this_session(server, tmp_path):
 
 def test_a_missing_default_model_is_an_error_not_a_crash(tmp_path, monkeypatch):
     # (with the bundled model there, the app falls back to it: tests/test_robustness.py)
-    monkeypatch.setattr(txl_serve, "BUNDLED_MODEL", "weights/no-such-model")
+    monkeypatch.setattr(webapp_serve, "BUNDLED_MODEL", "weights/no-such-model")
     txl_app = app.TXLApp(str(tmp_path / "missing"))
     assert txl_app.default_model is None and "missing" in txl_app.load_error
     txl_app.build()  # the page still builds, and says why there is no model

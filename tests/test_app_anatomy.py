@@ -130,7 +130,7 @@ def test_anatomy_bad_text_says_why(client, text, message):
 
 
 def test_reading_streams_its_progress(server, monkeypatch):
-    from tabs import anatomy as tab_module
+    from webapp.tabs import anatomy as tab_module
 
     monkeypatch.setattr(tab_module, "STAGE_EVERY_S", 0.0)  # a stage after every segment
     text = "All the world's a stage,\n" * 4  # 100 characters: 7 segments of 16
@@ -144,8 +144,8 @@ def test_reading_streams_its_progress(server, monkeypatch):
 def test_a_newer_click_stops_the_older_job(server, monkeypatch):
     """The job checks between segments whether a newer click took over; if so it stops
     without drawing anything."""
-    from tabs import anatomy as tab_module
-    from tabs.anatomy import AnatomyState, read
+    from webapp.tabs import anatomy as tab_module
+    from webapp.tabs.anatomy import AnatomyState, read
 
     # No progress stages (they come on a timer: a slow first segment would send one
     # before the job looks again), so that what the jobs yield is the code's, not the clock's.

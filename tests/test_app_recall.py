@@ -16,12 +16,12 @@ import gradio as gr  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tabs.examples import RECALL_FILLER  # noqa: E402
-from tabs.recall import DEFAULT_NAME  # noqa: E402
 from tests import test_app  # noqa: E402
 from tests.test_app import MEM_LEN, SEG_LEN, generate, step  # noqa: E402
 from txl.recall import DISTANCES, probe_text  # noqa: E402
 from txl.session import Session  # noqa: E402
+from webapp.tabs.examples import RECALL_FILLER  # noqa: E402
+from webapp.tabs.recall import DEFAULT_NAME  # noqa: E402
 
 server, client = test_app.server, test_app.client  # the app's fixtures: a tiny model
 

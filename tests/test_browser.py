@@ -130,7 +130,7 @@ def test_page_steps_generates_and_stays_offline(app_url, browser_page):
     )
     assert columns == 11 and memory_columns == 10  # 10 in memory, the new token itself
     box = page.locator("#attention canvas").bounding_box()
-    left, right = 92, box["width"] - 58  # the plot's margins in txl/web/views.js
+    left, right = 92, box["width"] - 58  # the plot's margins in webapp/web/views.js
     boundary_x = left + memory_columns * (right - left) / columns
     red = canvas_pixel(page, boundary_x, 32)  # on the dashed line, above the first row
     assert red[0] > 180 and red[1] < 120 and red[2] < 120, red

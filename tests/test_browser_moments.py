@@ -46,7 +46,7 @@ def test_the_window_line_in_the_attention_view_the_text_and_the_status(app_url, 
     )
     assert (columns, memory, beyond) == (MEM_LEN + 1, MEM_LEN, MEM_LEN + 1 - SEG_LEN)
     box = page.locator("#attention canvas").bounding_box()
-    left, right = 92, box["width"] - 58  # the plot's margins in txl/web/views.js
+    left, right = 92, box["width"] - 58  # the plot's margins in webapp/web/views.js
     edge_x = left + beyond * (right - left) / columns
     blue = canvas_pixel(page, edge_x, 32)  # on the edge, above the first row
     assert blue[2] > 180 and blue[0] < 80 and blue[1] < 140, blue

@@ -1,5 +1,5 @@
-"""The prediction with and without memory in a real browser (txl/web/predictions.js) and
-the text shaded by memory's effect (txl/web/views.js): Chromium as in test_browser.py.
+"""The prediction with and without memory in a real browser (webapp/web/predictions.js) and
+the text shaded by memory's effect (webapp/web/views.js): Chromium as in test_browser.py.
 Every wait is on something the page sets (a data attribute), never on time."""
 
 from __future__ import annotations

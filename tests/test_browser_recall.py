@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from tabs.examples import RECALL_FILLER
-from tabs.recall import DEFAULT_NAME, DEFAULT_WATCH
 from tests.test_browser import OUT, app_url, browser_page, wait_painted  # noqa: F401
 from txl.recall import DISTANCES, probe_text
+from webapp.tabs.examples import RECALL_FILLER
+from webapp.tabs.recall import DEFAULT_NAME, DEFAULT_WATCH
 
 pytestmark = pytest.mark.browser
 

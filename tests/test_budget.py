@@ -1,4 +1,4 @@
-"""The server-wide memory budget (txl/budget.py): accounting, least-recently-used offload
+"""The server-wide memory budget (webapp/budget.py): accounting, least-recently-used offload
 to disk, exact restore, files removed on release and expiry, clear refusals that change
 nothing, the disk budget, and concurrent requests under a budget far below what the
 sessions would take."""
@@ -22,7 +22,9 @@ from safetensors.torch import load_file, save_file
 import app
 from tests.test_app import MEM_LEN, SEG_LEN, VOCAB
 from txl import TransformerXL, TXLConfig
-from txl.budget import (
+from txl.model import KVMemory
+from txl.session import Session
+from webapp.budget import (
     STEP_RECORD_BYTES,
     BudgetError,
     MemoryBudget,
@@ -30,8 +32,6 @@ from txl.budget import (
     model_cache_bytes,
     position_table_growth,
 )
-from txl.model import KVMemory
-from txl.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "ROMEO:\nBut soft! what light through yonder window breaks? It is the east. "

@@ -1,4 +1,4 @@
-"""txl/longwork.py: the threads a long job's chunk gets, its pauses for short requests,
+"""webapp/longwork.py: the threads a long job's chunk gets, its pauses for short requests,
 and its cancellation. Every wait is on an event, never on a clock."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import threading
 import pytest
 import torch
 
-from txl import longwork
-from txl.longwork import JobCancelled, Traffic
+from webapp import longwork
+from webapp.longwork import JobCancelled, Traffic
 
 
 class FakeClock:
-    """txl.longwork's clock, advanced by the test: a chunk "takes" exactly the time the
+    """webapp.longwork's clock, advanced by the test: a chunk "takes" exactly the time the
     test says, however busy the machine (a real sleep of 1 ms can last 20 ms there)."""
 
     def __init__(self):
@@ -124,7 +124,7 @@ def test_a_long_job_keeps_one_thread_while_two_do_not_pay(clock):
     cores; here the chunk just takes longer with two): one thread is measured, then two,
     then one is kept; two are tried again after PROBE_EVERY chunks, then after twice as
     many since the try confirmed the choice. Chunks without work= take the choice."""
-    from txl.longwork import PROBE_EVERY
+    from webapp.longwork import PROBE_EVERY
 
     traffic = Traffic(base_threads=1, long_threads=2)
     job, used = traffic.start_job(), []

@@ -1,4 +1,4 @@
-"""Where memory matters (txl/moments.py, scripts/find_memory_moments.py, tabs/moments.py):
+"""Where memory matters (txl/moments.py, scripts/find_memory_moments.py, webapp/tabs/moments.py):
 the shipped passages' figures recomputed on the bundled model by plain forwards; the
 selection (largest saving first, passages disjoint) on synthetic arrays and on a tiny
 model against direct reads; the Watch tab's examples through the app."""
@@ -18,7 +18,6 @@ import torch  # noqa: E402
 
 import app  # noqa: E402
 from scripts import find_memory_moments  # noqa: E402
-from tabs import moments as moments_tab  # noqa: E402
 from tests import raw_api, test_app  # noqa: E402
 from tests.test_app import MEM_LEN, SEG_LEN, step, tiny_model  # noqa: E402
 from tests.test_weights import WEIGHTS, data_path  # noqa: E402
@@ -26,6 +25,7 @@ from txl import TransformerXL  # noqa: E402
 from txl.data import load_text, train_val_split  # noqa: E402
 from txl.moments import LINE_SEARCH, find_moments, passage_start, pick_disjoint  # noqa: E402
 from txl.recall import probe_text  # noqa: E402
+from webapp.tabs import moments as moments_tab  # noqa: E402
 
 server, client = test_app.server, test_app.client  # the app's fixtures: a tiny model
 LN2 = math.log(2)
@@ -81,7 +81,7 @@ def test_the_shipped_passages_are_the_bundled_model_s(report):
     model = TransformerXL.from_pretrained(WEIGHTS)
     digest = hashlib.sha256((WEIGHTS / "model.safetensors").read_bytes()).hexdigest()
     assert digest == report["model_sha256"], (
-        "the weights changed since tabs/memory_moments.json was written: "
+        "the weights changed since webapp/tabs/memory_moments.json was written: "
         "rerun scripts/find_memory_moments.py"
     )
     assert report["model"] == "weights/shakespeare-char"

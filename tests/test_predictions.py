@@ -14,9 +14,10 @@ import torch
 
 from tests.test_app import MEM_LEN, SEG_LEN, VOCAB, serve, settings, tiny_model
 from tests.tolerance import FLOAT32_VS_64, assert_ulps_close
-from txl import TransformerXL, TXLConfig, viz
+from txl import TransformerXL, TXLConfig
 from txl.predictions import TOP_K, MemoryEffect
 from txl.session import Session
+from webapp import viz
 
 PROMPT = "ROMEO:\nI"  # 8 characters
 
@@ -320,12 +321,12 @@ def test_generate_streams_predictions_and_history_shows_each_steps(client, app_s
 
 def test_streamed_values_reach_the_client_whole():
     """Generate streams edits of each output; nested lists that lose items (the text
-    view's runs) must come out right (txl.serve.streaming_diff, Gradio's own got it wrong)."""
+    view's runs) must come out right (webapp.serve.streaming_diff, Gradio's own got it wrong)."""
     import random
 
     from gradio_client.utils import apply_diff
 
-    from txl.serve import streaming_diff
+    from webapp.serve import streaming_diff
 
     def value(rng, depth=0):
         r = rng.random()

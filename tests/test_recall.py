@@ -26,8 +26,8 @@ from txl.recall import (
     recall_row,
     recall_summary,
 )
-from txl.recall_viz import recall_figure, recall_markdown, recall_numbers
 from txl.scoring import stream_nll
+from webapp.recall_viz import recall_figure, recall_markdown, recall_numbers
 
 VOCAB = sorted(set("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 NAME = "ZANTHOR"

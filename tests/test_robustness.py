@@ -39,10 +39,10 @@ from tests.hub_server import FakeHub, hub_environment  # noqa: E402
 from tests.raw_api import call  # noqa: E402
 from tests.test_app import MEM_LEN, SEG_LEN, VOCAB, new_client, serve, tiny_model  # noqa: E402
 from txl import TransformerXL  # noqa: E402
-from txl import serve as txl_serve  # noqa: E402
 from txl.hub import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
 from txl.session import Session  # noqa: E402
 from txl.tokenizer import CharTokenizer, UnknownCharactersError  # noqa: E402
+from webapp import serve as webapp_serve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "ROMEO:\n"
@@ -700,7 +700,7 @@ def test_a_broken_default_model_falls_back_to_the_bundled_one(models, tmp_path):
     _copy_with(models["default"], _damaged(models["default"])["weights-garbage"], folder)
     txl_app = app.TXLApp(str(folder))
     assert txl_app.load_error is None and txl_app.default_model is not None
-    assert txl_app.default_source == str(ROOT / txl_serve.BUNDLED_MODEL)
+    assert txl_app.default_source == str(ROOT / webapp_serve.BUNDLED_MODEL)
     assert str(folder) in txl_app.load_notice and WEIGHTS_NAME in txl_app.load_notice
     assert "serving the bundled model instead" in txl_app.load_notice
     txl_app.build()  # the page says so
@@ -728,7 +728,7 @@ def test_score_bad_inputs(client):
 
 def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
     text = generate(client, n_tokens=30)[0]
-    monkeypatch.setattr(txl_serve, "MAX_TEXT_CHARS", len(text) + 1)
+    monkeypatch.setattr(webapp_serve, "MAX_TEXT_CHARS", len(text) + 1)
     full = step(client)[0]
     for call_it in (
         lambda: step(client),
@@ -743,9 +743,9 @@ def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
     ):
         message = refused(call_it)
         assert f"{len(full):,} characters" in message and "Reset" in message
-    monkeypatch.setattr(txl_serve, "MAX_TEXT_CHARS", 10**6)
+    monkeypatch.setattr(webapp_serve, "MAX_TEXT_CHARS", 10**6)
     assert step(client)[0][:-1] == full  # nothing was lost
-    monkeypatch.setattr(txl_serve, "MAX_TEXT_CHARS", len(text) + 1)
+    monkeypatch.setattr(webapp_serve, "MAX_TEXT_CHARS", len(text) + 1)
     assert generate(client, n_tokens=30)[0] == text  # Generate starts over: allowed
 
 
@@ -753,8 +753,8 @@ def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
 
 
 def test_sessions_release_idle_sessions_and_keep_busy_ones(model):
-    sessions = txl_serve.Sessions(ttl=60, every=3600)  # swept by hand here
-    states = [txl_serve.UserState("m", started(model)) for _ in range(3)]
+    sessions = webapp_serve.Sessions(ttl=60, every=3600)  # swept by hand here
+    states = [webapp_serve.UserState("m", started(model)) for _ in range(3)]
     for state in states:
         sessions.add(state)
     assert len(sessions) == 3
@@ -985,12 +985,14 @@ def unsafe_calls(source: str, path: str) -> list[str]:
 
 
 def package_files() -> list[Path]:
-    return [ROOT / "app.py", *sorted((ROOT / "txl").rglob("*.py"))]
+    packages = [f for pkg in ("txl", "webapp") for f in sorted((ROOT / pkg).rglob("*.py"))]
+    return [ROOT / "app.py", *packages]
 
 
 def test_no_pickle_no_eval_in_the_package():
     files = package_files()
     assert len(files) > 10 and ROOT / "txl" / "session.py" in files
+    assert ROOT / "webapp" / "serve.py" in files
     found = []
     for f in files:
         found += unsafe_calls(f.read_text(encoding="utf-8"), f.relative_to(ROOT).as_posix())
@@ -1082,7 +1084,7 @@ def test_a_busy_session_answers_instead_of_waiting_forever(server):
     holding, done = threading.Event(), threading.Event()
 
     def busy():
-        with txl_serve.user_errors(state):
+        with webapp_serve.user_errors(state):
             holding.set()
             done.wait(60)  # until the other request has had its answer
 
@@ -1090,7 +1092,7 @@ def test_a_busy_session_answers_instead_of_waiting_forever(server):
     holder.start()
     assert holding.wait(60)
     try:
-        with txl_serve.user_errors(state, timeout=0.05):
+        with webapp_serve.user_errors(state, timeout=0.05):
             pass
     except gr.Error as e:
         errors.append(str(e))

@@ -12,7 +12,7 @@ from huggingface_hub.utils import filter_repo_objects
 ROOT = Path(__file__).resolve().parents[1]
 # What app.py runs on: its own modules, the page's scripts and styles, the tabs and their
 # data, the bundled weights.
-APP_FILES = ("app.py", "requirements.txt", "txl/", "tabs/", "weights/shakespeare-char/")
+APP_FILES = ("app.py", "requirements.txt", "txl/", "webapp/", "weights/shakespeare-char/")
 
 
 def readme_allow_patterns() -> list[str]:
@@ -26,7 +26,7 @@ def test_readme_upload_takes_every_file_the_app_runs_on():
     tracked = subprocess.run(
         ["git", "ls-files", *APP_FILES], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
-    assert "txl/web/views.js" in tracked and "tabs/recall.py" in tracked
+    assert "webapp/web/views.js" in tracked and "webapp/tabs/recall.py" in tracked
     needed = [f for f in tracked if not f.endswith((".md", ".png", "log.jsonl"))]
     # huggingface_hub's own matching, as upload_folder applies it
     taken = set(filter_repo_objects(needed, allow_patterns=readme_allow_patterns()))

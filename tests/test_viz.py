@@ -1,4 +1,4 @@
-"""txl.viz on synthetic arrays: roles, boundary, bucketing, hover data, exports."""
+"""webapp.viz on synthetic arrays: roles, boundary, bucketing, hover data, exports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from txl import viz
+from webapp import viz
 
 
 def attention(n_layer: int, n_head: int, n_keys: int, seed: int = 0) -> np.ndarray:

@@ -28,7 +28,7 @@ from tests.tolerance import AGAINST_REFERENCE, REFERENCE_FLOOR, ROW_SUM, assert_
 from txl import TransformerXL
 from txl.hub import TXLLoadError
 from txl.session import Session
-from txl.viz import token_label
+from webapp.viz import token_label
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "transfo-xl/transfo-xl-wt103"

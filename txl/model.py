@@ -279,7 +279,7 @@ class KVMemory:
         self.end += T
         self.truncate(mem_len)
 
-    # ---- offload (txl.budget): the whole state as named tensors, and back ----------------
+    # ---- offload (webapp.budget): the whole state as named tensors, and back ----------------
 
     def to_tensors(self) -> dict[str, Tensor]:
         """All the state as named tensors, ready for safetensors: each layer's buffers as

@@ -174,7 +174,7 @@ def recall_probe(
     config's). A generator, so that a caller can show each row as soon as it is read.
 
     ``pace``: a context-manager factory around each chunk of work, a segment or one read
-    of a probe's end (txl.longwork's ``job.turn``: a server runs the probe beside other
+    of a probe's end (webapp.longwork's ``job.turn``: a server runs the probe beside other
     visitors' Steps, and cancels it there); None runs straight through.
 
     Each row is what ``memory_nll`` / ``sliding_nll`` give on that probe alone (the

@@ -81,7 +81,7 @@ def window_batch_size(model: TransformerXL, window: int, budget_bytes: int = 256
 # machine): 16 was the fastest with 1 and 2 threads (10.0 / 6.6 ms per character against
 # 11.6 / 7.4 with 4 and 10.8 / 6.6 with 64; window_batch_size's 341 was slower still: its
 # activations do not stay in cache). Small batches are also what lets a long Score pause
-# for other visitors' Steps between them (txl/longwork.py).
+# for other visitors' Steps between them (webapp/longwork.py).
 SLIDING_BATCH = 16
 
 

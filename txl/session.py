@@ -629,7 +629,7 @@ class Session:
         sliding window), "sweep" (the memory-length sweep; ``sweep=False`` skips it),
         "sliding" after every chunk of the sliding window (characters done, total, seconds
         left), and "done" (the whole ScoreResult). ``pace``: a context-manager factory
-        around each chunk of work (txl.longwork's ``job.turn``: threads, pauses, cancel);
+        around each chunk of work (webapp.longwork's ``job.turn``: threads, pauses, cancel);
         the sliding window's chunks, all alike, pass ``work=`` their windows; the reads
         (one per memory length) pass ``tasks=`` how many are left, and run as many side by
         side as the turn yields (``txl.threads.side_by_side``: one core each).

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from .model import KVMemory
-from .session import Session, memory_bytes_per_position
+from txl.model import KVMemory
+from txl.session import Session, memory_bytes_per_position
 
 MB = 2**20
 BUDGET_SHARE = 0.5  # default budget: half the machine's (or the container's) memory

@@ -13,7 +13,7 @@ from pathlib import Path
 import gradio as gr
 
 from txl.recall import probe_text
-from txl.serve import ROOT, resolve_source
+from webapp.serve import ROOT, resolve_source
 
 from .examples import RECALL_FILLER
 from .recall import DEFAULT_NAME, DEFAULT_WATCH

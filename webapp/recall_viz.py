@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 
-from .recall import CUE, DISTANCES, RECALLED_BITS, RecallRow, recall_summary
+from txl.recall import CUE, DISTANCES, RECALLED_BITS, RecallRow, recall_summary
+
 from .viz import MEMORY_COLOR, SEGMENTS_COLOR, SLIDING_COLOR, figure
 
 TRANSPARENT = {"paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)"}

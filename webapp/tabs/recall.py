@@ -2,14 +2,14 @@
 return read with memory, through the window and in segments alone (txl/recall.py), as a
 chart over k that fills in as the rows are read; **Watch it** takes one probe to the Watch
 tab, where one Step predicts the first letter the probe scores. The work is
-``Server.recall_check`` / ``Server.recall`` / ``Server.recall_prompt`` (txl/serve.py)."""
+``Server.recall_check`` / ``Server.recall`` / ``Server.recall_prompt`` (webapp/serve.py)."""
 
 from __future__ import annotations
 
 import gradio as gr
 
 from txl.recall import CUE, DISTANCES
-from txl.serve import MAX_MEM_LEN
+from webapp.serve import MAX_MEM_LEN
 
 from .examples import RECALL_FILLER
 
@@ -94,7 +94,7 @@ def wire(app, ui: dict, state: gr.State) -> None:
         [ui["recall_plot"], ui["recall_md"], ui["recall_numbers"], state],
         api_name="recall",
         trigger_mode="multiple",
-        concurrency_limit=2,  # probes pace themselves beside Steps (txl/longwork.py)
+        concurrency_limit=2,  # probes pace themselves beside Steps (webapp/longwork.py)
     )
 
     def watch(name, filler, distance, mem_len, state):

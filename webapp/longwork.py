@@ -59,7 +59,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .threads import torch_threads
+from txl.threads import torch_threads
 
 PROBE_EVERY = 8  # every 8th chunk on free cores measures the thread count not in use
 

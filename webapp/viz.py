@@ -7,7 +7,7 @@ outside the app.
 - :func:`text_roles`: each character's role for the next prediction: fallen out of memory,
   in memory, in the current segment, the newest token.
 - :func:`text_view` / :func:`attention_view`: the two views a Step redraws, as small dicts
-  that the browser draws (txl/web/views.js): the text shaded by the newest token's
+  that the browser draws (webapp/web/views.js): the text shaded by the newest token's
   attention, and that attention over its keys [memory | current], rows = layers (or
   heads), keys beyond ``max_cols`` summed into buckets.
 - :func:`surprisal_figure` / :func:`context_figure` (Plotly: drawn once per Score): the
@@ -45,7 +45,7 @@ ROLE_LABELS_NO_MEMORY = {
     CURRENT: "in the window",
     NEWEST: "newest token",
 }
-# The role colours of txl/web/views.css, for the charts drawn here.
+# The role colours of webapp/web/views.css, for the charts drawn here.
 MEMORY_COLOR = "#3b82f6"
 CURRENT_COLOR = "#f59e0b"
 
@@ -273,7 +273,7 @@ def figure(spec: dict) -> go.Figure:
 #
 # A Step must be painted in tens of milliseconds, so the two views it redraws (the text
 # shaded by attention, and the attention of the newest token over its keys) go to the
-# browser as small JSON dicts that txl/web/views.js draws: a <canvas> for the attention,
+# browser as small JSON dicts that webapp/web/views.js draws: a <canvas> for the attention,
 # spans for the text. No Plotly: drawing its heatmap cost ~400 ms of script per step.
 
 
@@ -289,7 +289,7 @@ def _rounded(x: np.ndarray, decimals: int = 4) -> list:
 
 def packed(view: dict | None) -> dict | None:
     """A view's dict as one JSON string, ``{"packed": "..."}``, for the page's own Step
-    (txl/web/views.js TXL.unpack reads it back). Gradio's page copies every output
+    (webapp/web/views.js TXL.unpack reads it back). Gradio's page copies every output
     component's whole value (Svelte's $state.snapshot, one structuredClone per number) on
     each loading-status change, several times per Step: for the attention and text views'
     ~1,500 numbers and strings that was most of a Step's main-thread time; one string is
@@ -322,8 +322,8 @@ def attention_view(
     of ``w[r][:n_far_cols]`` (what the step summary's ``far_mass_per_layer`` holds for the
     rows of all layers). No window: all three are 0.
     ``history``: (steps back, steps kept), when the view shows an earlier step.
-    ``terms``: the chosen head's four score terms (txl.anatomy_viz.step_terms), drawn as
-    strips under the view by txl/web/terms.js.
+    ``terms``: the chosen head's four score terms (webapp.anatomy_viz.step_terms), drawn as
+    strips under the view by webapp/web/terms.js.
     """
     if trace.attentions is None:
         raise ValueError("this step did not capture its attention")
@@ -685,7 +685,7 @@ def step_summary(
 ) -> dict:
     """A small JSON-able summary of a step: what the newest token could see (and, with
     ``far``, the share of attention on keys ``far`` or more tokens back). ``terms``: the
-    chosen head's four score terms (txl.anatomy_viz.step_terms; None unless one layer and
+    chosen head's four score terms (webapp.anatomy_viz.step_terms; None unless one layer and
     one head are chosen)."""
     keys = np.asarray(trace.key_positions)
     out = {
@@ -721,7 +721,7 @@ def step_summary(
 def predictions_view(
     trace, seg_len: int, unit: str = "character", history: tuple[int, int] | None = None
 ) -> dict | None:
-    """The two bar lists' data, as txl/web/predictions.js draws them: the step's
+    """The two bar lists' data, as webapp/web/predictions.js draws them: the step's
     prediction with memory and without (``trace.predictions.as_dict()``, the API's
     summary["predictions"]), the position it was drawn for, whether memory was on, and the
     memory-off model's window (``seg_len``). None when the step has no predictions.
@@ -1025,7 +1025,7 @@ def centibits(bits) -> list[int]:
 
 
 def moments_view(result, moments, unit: str = "character", context: int = 40) -> dict | None:
-    """The Score tab's "where memory mattered", as txl/web/moments.js draws it: the scored
+    """The Score tab's "where memory mattered", as webapp/web/moments.js draws it: the scored
     text (``result.pieces``: one string for a character model, else a list of tokens),
     each token from position 1 on shaded by the bits memory saved over the sliding window
     on it, in the format of the Watch tab's memory's-effect shading (``effect``: start,

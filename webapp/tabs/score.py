@@ -2,16 +2,16 @@
 (segments alone, a sliding window, memory) with the time each took; where memory mattered
 (the text shaded by the bits memory saved over the window, the five characters it saved
 the most on, each with **Watch it**); and how far back the model reads. The work is
-``Server.score_check`` / ``Server.score`` (txl/serve.py), a generator whose stages stream
+``Server.score_check`` / ``Server.score`` (webapp/serve.py), a generator whose stages stream
 in as they are ready: memory first, the slow sliding window last with its progress
-(txl/longwork.py runs it beside other visitors' Steps); then ``Server.score_moments``."""
+(webapp/longwork.py runs it beside other visitors' Steps); then ``Server.score_moments``."""
 
 from __future__ import annotations
 
 import gradio as gr
 
-from txl import viz
-from txl.serve import MAX_MEM_LEN
+from webapp import viz
+from webapp.serve import MAX_MEM_LEN
 
 from .examples import EXAMPLES, ROMEO_AND_JULIET
 
@@ -124,6 +124,6 @@ def wire(app, ui: dict, state: gr.State, views: list) -> None:
         outputs,
         api_name="score",
         trigger_mode="multiple",
-        # Scores pace themselves beside Steps (txl/longwork.py); a few may run at once.
+        # Scores pace themselves beside Steps (webapp/longwork.py); a few may run at once.
         concurrency_limit=2,
     ).success(app.score_moments, [state], [ui["moments"], ui["moment"]], **private)

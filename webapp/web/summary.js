@@ -1,6 +1,6 @@
 // The last step's summary and the status line.
 //
-// The summary (the API's step summary dict, packed by the page's Step: txl/viz.py packed)
+// The summary (the API's step summary dict, packed by the page's Step: webapp/viz.py packed)
 // as indented JSON, written only while it can be seen: in its accordion, open now or when
 // it opens. Loaded after views.js, which defines window.TXL.
 (function () {

@@ -2,7 +2,7 @@
 
 - :func:`step_terms`: the newest token's four score terms for one layer and head, as JSON
   (the /step summary's ``"terms"``, and the strips under the attention view that
-  txl/web/terms.js draws), with a sentence on which term varies most.
+  webapp/web/terms.js draws), with a sentence on which term varies most.
 - :func:`distance_figure` / :func:`terms_figure`: the paper's Figures 5 and 7 on a text
   (matplotlib, so that the page shows and the README ships the same PNG).
 - :func:`anatomy_numbers` / :func:`anatomy_markdown`: what the profiles say, as JSON and
@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .anatomy import TERMS, mean_distance, share_beyond
+from txl.anatomy import TERMS, mean_distance, share_beyond
 
 # ---- the newest token's four terms ---------------------------------------------------
 

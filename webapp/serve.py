@@ -5,7 +5,7 @@ Session. ``app.py`` lays out the page and wires events to thin handlers built on
 
 Environment: TXL_MODEL (model to load first), TXL_MAX_SESSIONS, TXL_SESSION_TTL,
 TXL_MAX_PARAMS, TXL_DTYPE, TXL_SESSION_MEMORY_MB, TXL_MODEL_DIRS, TXL_MEMORY_BUDGET_MB,
-TXL_OFFLOAD_DISK_MB: see app.py's docstring (and txl/budget.py for the last two).
+TXL_OFFLOAD_DISK_MB: see app.py's docstring (and webapp/budget.py for the last two).
 """
 
 from __future__ import annotations
@@ -24,6 +24,20 @@ from pathlib import Path
 import gradio as gr
 import torch
 
+from txl.config import TXLConfig
+from txl.hub import CONFIG_NAME, TXLLoadError
+from txl.model import TransformerXL
+from txl.recall import DISTANCES, check_recall, probe_text, recall_probe
+from txl.session import (
+    ScoreResult,
+    Session,
+    check_seed,
+    check_temperature,
+    check_top_p,
+    memory_bytes_per_position,
+    memory_cap,
+)
+
 from . import viz
 from .budget import (
     MemoryBudget,
@@ -34,21 +48,8 @@ from .budget import (
     trim_memory,  # the sweep's; it lives with the allocator settings now
     tune_allocator,
 )
-from .config import TXLConfig
-from .hub import CONFIG_NAME, TXLLoadError
 from .longwork import JobCancelled, Traffic
-from .model import TransformerXL
-from .recall import DISTANCES, check_recall, probe_text, recall_probe
 from .recall_viz import recall_figure, recall_markdown, recall_numbers
-from .session import (
-    ScoreResult,
-    Session,
-    check_seed,
-    check_temperature,
-    check_top_p,
-    memory_bytes_per_position,
-    memory_cap,
-)
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: app.py and weights/ live here
 BUNDLED_MODEL = "weights/shakespeare-char"
@@ -425,7 +426,7 @@ class Server:
         model_dirs: list[str] | None = None,
         budget: MemoryBudget | None = None,
     ):
-        tune_allocator()  # before the server's threads start: see txl/budget.py
+        tune_allocator()  # before the server's threads start: see webapp/budget.py
         fix_streaming_diff()  # Generate streams views with nested lists: see streaming_diff
         self.default_source = resolve_source(default_source or os.environ.get("TXL_MODEL"))
         self.cache = cache or ModelCache(max_params=env_int("TXL_MAX_PARAMS", 400_000_000))
@@ -440,7 +441,7 @@ class Server:
         # Every session's memory together, within TXL_MEMORY_BUDGET_MB (idle ones to disk).
         self.budget = budget or MemoryBudget(default_budget_bytes())
         self.sessions = Sessions(env_int("TXL_SESSION_TTL", 3600), on_release=self.budget.release)
-        # Short requests in flight and the long jobs (Score) beside them: txl/longwork.py.
+        # Short requests in flight and the long jobs (Score) beside them: webapp/longwork.py.
         self.traffic = Traffic()
         self.load_notice = None  # why the app serves the bundled model instead of TXL_MODEL
         try:  # load it now, so that the first visitor does not wait
@@ -517,7 +518,7 @@ class Server:
         session's when None or invalid) after ``steps`` steps, its memory read back
         first if it was on disk (``state.restored_s`` says how long that took).
         ``grows=False``: the request adds no memory (a redraw, a reset). It counts as a
-        short request: long jobs (Score) slow down while it runs (txl/longwork.py)."""
+        short request: long jobs (Score) slow down while it runs (webapp/longwork.py)."""
         with self.traffic.short(), user_errors(state):
             s = state.session
             try:
@@ -566,7 +567,7 @@ class Server:
         memory and segments alone (curves, bpc, times, words) first, then the
         memory-length sweep, then the sliding window's progress and, at the end, all five
         outputs complete. A generator: Gradio streams each stage, gradio_client's
-        ``predict`` returns the last. The work runs as a long job (txl/longwork.py): two
+        ``predict`` returns the last. The work runs as a long job (webapp/longwork.py): two
         threads when the cores are free and two pay, paused for other visitors' Steps,
         cancelled by this session's next Score or when the visitor leaves."""
         state = self.ensure(state)
@@ -668,7 +669,7 @@ class Server:
         """How far back can it recall? (txl/recall.py): the name planted k characters
         back for every k of DISTANCES, read with memory, through the window and in
         segments alone; (chart, sentence, numbers) after every row, as it is ready. A
-        long job (txl/longwork.py), paced segment by segment beside other visitors'
+        long job (webapp/longwork.py), paced segment by segment beside other visitors'
         Steps, cancelled by this session's next probe (not by its Score) or when the
         visitor leaves."""
         state = self.ensure(state)
@@ -704,7 +705,7 @@ class Server:
         return text[:start], mem_len
 
     def score_moments(self, state: UserState | None):
-        """After a Score: where memory mattered (txl.viz.moments_view: the text shaded by
+        """After a Score: where memory mattered (webapp.viz.moments_view: the text shaded by
         the bits memory saved over the sliding window, the five moments) and the Watch-it
         choices, of this session's last Score with a sliding window (None and no choices
         when there is none: a text too long for the window, or no Score yet)."""

@@ -4,7 +4,7 @@ attention) and Figure 7 (the terms (a), (b), (d) each softmaxed alone), live on 
 
     build(app, examples) -> dict of components     wire(app, ui, state)
 
-The numbers come from txl.anatomy, the figures and words from txl.anatomy_viz; here only
+The numbers come from txl.anatomy, the figures and words from webapp.anatomy_viz; here only
 the layout, the input checks and the streaming. Long work follows the Score tab's rules:
 progress while the text is read, Figure 5 first, then Figure 7; pressing the button again
 stops the old job (at its next segment); empty or bad input says why and leaves the
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from txl import anatomy, anatomy_viz
-from txl.serve import as_int
+from txl import anatomy
+from webapp import anatomy_viz
+from webapp.serve import as_int
 
 MAX_CHARS = 5_000  # ~10 s for the bundled model at mem_len 128 on the shared 2-core machine
 MAX_MEM_LEN = 512  # the README's figures: 128 (as trained) and 512
