@@ -68,6 +68,23 @@ def test_training_lowers_the_loss_and_writes_a_model(toy_text, tmp_path):
     assert model.config.tgt_len == TINY_MODEL["tgt_len"]
 
 
+def test_training_without_matplotlib_saves_everything_but_the_loss_curve(
+    toy_text, tmp_path, monkeypatch, capsys
+):
+    """matplotlib is the app's extra, not txl's: without it a run still ends with its model,
+    card and logs, says that the curve was not drawn, and the card links no missing PNG."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
+    out = tmp_path / "run"
+    train(run_args(toy_text, out, steps=4), dict(TINY_MODEL, dropout=0.0))
+    model_dir = out / "model"
+    for name in ("config.json", "model.safetensors", "README.md", "log.jsonl", "eval.json"):
+        assert (model_dir / name).is_file(), name
+    assert not (model_dir / "loss_curve.png").exists()
+    assert "loss_curve.png" not in (model_dir / "README.md").read_text()
+    assert "matplotlib is not installed" in capsys.readouterr().out
+    assert TransformerXL.from_pretrained(model_dir).config.tgt_len == TINY_MODEL["tgt_len"]
+
+
 def test_resume_continues_exactly(toy_text, tmp_path):
     model_kw = dict(TINY_MODEL, dropout=0.1)  # dropout: the RNG state must be restored too
     train(run_args(toy_text, tmp_path / "straight"), model_kw)

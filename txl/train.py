@@ -276,7 +276,7 @@ Memory-length sweep (`python -m txl.evaluate --model <this folder> --data tinysh
 - weights stored as {info["dtype"]}
 - command: `{info["command"]}`
 
-![loss curve](loss_curve.png)
+{"![loss curve](loss_curve.png)" if info.get("loss_curve", True) else ""}
 
 ## Sample (temperature 0.8, with memory)
 
@@ -295,8 +295,13 @@ ids = model.tokenizer.encode("ROMEO:")
     path.write_text(card)
 
 
-def plot_loss_curve(log_file: Path, png: Path) -> None:
-    import matplotlib
+def plot_loss_curve(log_file: Path, png: Path) -> bool:
+    """The losses of log.jsonl as a PNG; False, and nothing written, without matplotlib (the
+    app's extra, ``pip install .[app]``: the model package itself does not need it)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -317,6 +322,7 @@ def plot_loss_curve(log_file: Path, png: Path) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
+    return True
 
 
 class RunLog:
@@ -581,7 +587,9 @@ def finish(model, out, args, cfg, val_text, text, n_params, tokens_seen, elapsed
         model.half()
     model.save_pretrained(model_dir)
     model.float()
-    plot_loss_curve(out / "log.jsonl", model_dir / "loss_curve.png")
+    loss_curve = plot_loss_curve(out / "log.jsonl", model_dir / "loss_curve.png")
+    if not loss_curve:
+        print("loss_curve.png: not drawn, matplotlib is not installed (pip install matplotlib)")
     shutil.copy(out / "log.jsonl", model_dir / "log.jsonl")
     shutil.copy(out / "eval.json", model_dir / "eval.json")
     info = {
@@ -599,6 +607,7 @@ def finish(model, out, args, cfg, val_text, text, n_params, tokens_seen, elapsed
         "grad_clip": args.grad_clip,
         "wall_minutes": elapsed / 60,
         "hardware": hardware_name(),
+        "loss_curve": loss_curve,
         "dtype": "float16" if args.half else "float32",
         "command": run["command"],
         "sample": sample(model, "\n", 400, seed=0),
