@@ -4,7 +4,7 @@
 
 Reads the validation text (the last 10 % of Tiny Shakespeare, as ``python -m txl.evaluate``
 splits it) in segments of the model's tgt_len from an empty memory, once per memory length,
-and writes assets/anatomy-fig5-memN.png and assets/anatomy-fig7-memN.png, the same figures
+and writes docs/images/anatomy-fig5-memN.png and docs/images/anatomy-fig7-memN.png, the same figures
 the "Inside the attention" tab draws (webapp.anatomy_viz), and prints what they say.
 """
 
@@ -31,7 +31,7 @@ def main(argv=None) -> None:
     p.add_argument("--mem-lens", default="128,512", help="comma-separated memory lengths")
     p.add_argument("--chars", type=int, default=20_000, help="the validation text's first N")
     p.add_argument("--order", default="mean", choices=sorted(anatomy_viz.ORDERS))
-    p.add_argument("--out", default=str(ROOT / "assets"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "images"))
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
 

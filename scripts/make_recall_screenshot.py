@@ -1,7 +1,7 @@
-"""Make assets/recall.png (the README's picture of "How far back can it recall?") in a
+"""Make docs/images/recall.png (the README's picture of "How far back can it recall?") in a
 real browser.
 
-    python assets/make_recall_screenshot.py            # the bundled weights, ZANTHOR
+    python scripts/make_recall_screenshot.py            # the bundled weights, ZANTHOR
 
 Starts the app (python app.py, a free port), opens the tab, clicks Probe with the tab's
 defaults, waits until all seven distances are read and saves the tab. Needs Debian's
@@ -18,7 +18,7 @@ from _app_page import BUNDLED, ROOT, app_page
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(BUNDLED))
-    parser.add_argument("--out", default=str(ROOT / "assets" / "recall.png"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "images" / "recall.png"))
     args = parser.parse_args()
     with app_page(args.model, 1400, 900, timeout_ms=120_000) as page:
         page.get_by_role("tab", name="How far back can it recall?").click()

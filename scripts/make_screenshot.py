@@ -1,7 +1,7 @@
-"""Make assets/screenshot.png (the README's picture of the app) with a real browser.
+"""Make docs/images/screenshot.png (the README's picture of the app) with a real browser.
 
-    python assets/make_screenshot.py                      # the bundled weights
-    python assets/make_screenshot.py --model path/or/id   # any other model
+    python scripts/make_screenshot.py                      # the bundled weights
+    python scripts/make_screenshot.py --model path/or/id   # any other model
 
 Starts the app in-process on 127.0.0.1, generates from a prompt, steps once so that the
 newest character and its attention show, and saves a desktop-width screenshot. Needs
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(ROOT / "weights" / "shakespeare-char"))
-    parser.add_argument("--out", default=str(ROOT / "assets" / "screenshot.png"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "images" / "screenshot.png"))
     parser.add_argument("--prompt", default="ROMEO:\n")
     parser.add_argument("--chars", type=int, default=220, help="characters to generate")
     parser.add_argument("--width", type=int, default=1400)

@@ -1,7 +1,7 @@
-"""Make assets/moments.png and assets/window-line.png (the README's pictures of "where
+"""Make docs/images/moments.png and docs/images/window-line.png (the README's pictures of "where
 memory mattered" and of the window line) in a real browser.
 
-    python assets/make_moments_screenshot.py            # the bundled weights
+    python scripts/make_moments_screenshot.py            # the bundled weights
 
 Starts the app (python app.py, a free port), scores the balcony scene in the Score tab,
 waits for its moments (after the sliding window) and saves that section; then presses
@@ -20,8 +20,8 @@ from _app_page import BUNDLED, ROOT, app_page
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(BUNDLED))
-    parser.add_argument("--moments", default=str(ROOT / "assets" / "moments.png"))
-    parser.add_argument("--window", default=str(ROOT / "assets" / "window-line.png"))
+    parser.add_argument("--moments", default=str(ROOT / "docs" / "images" / "moments.png"))
+    parser.add_argument("--window", default=str(ROOT / "docs" / "images" / "window-line.png"))
     args = parser.parse_args()
     with app_page(args.model, 1400, 1000, timeout_ms=600_000) as page:
         page.wait_for_selector("#step")
