@@ -1,4 +1,4 @@
-"""The app open in a real browser, for the scripts that make the README's pictures."""
+"""The app open in a real browser, for the scripts that make the pictures of README.md and docs/."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README's Figures 5 and 7 for the shipped model on the validation text.
+"""The Figures 5 and 7 of docs/figures.md for the shipped model on the validation text.
 
     .venv/bin/python scripts/anatomy_figures.py --data ../shared/data/tinyshakespeare.txt
 

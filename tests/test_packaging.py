@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -140,9 +141,12 @@ def test_the_wheel_holds_txl_alone_and_runs_from_where_it_is_installed(tmp_path)
     """``pip wheel .``: the wheel holds txl/ and its metadata only, requires what pyproject
     declares, and, installed into a folder of its own, imports and generates with the web
     stack unimportable and without this checkout on the path."""
+    source = tmp_path / "source"  # what the wheel is built from (the build writes beside it)
+    shutil.copytree(ROOT / "txl", source / "txl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", source)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path / "dist"), str(ROOT)],
+         "-w", str(tmp_path / "dist"), str(source)],
         capture_output=True, text=True, timeout=600,
     )
     assert built.returncode == 0, built.stderr

@@ -7,7 +7,7 @@ Infinity that gradio_client will not send) and through the Session object. Load 
 their cause and the app keeps serving its model. Hypothesis fuzzes the tokenizer, the
 Session and the HTTP API. And the package never unpickles.
 
-The policy (README, "Limits"): a value outside its range is refused with gr.Error and
+The policy (docs/serving.md, "Limits"): a value outside its range is refused with gr.Error and
 nothing changes; what can be served in a well-defined way is served with a notice
 (characters outside the vocabulary are replaced, with a gr.Warning).
 """
@@ -208,7 +208,7 @@ def test_session_feeds_a_megabyte_prompt(model):
 
 
 def test_session_feeds_a_long_prompt_in_segments_with_bounded_memory(model):
-    # Memory on, the prompt is fed seg_len tokens at a time: linear time (README, Limits:
+    # Memory on, the prompt is fed seg_len tokens at a time: linear time (docs/serving.md, Limits:
     # characters per second), and the memory keeps mem_len positions whatever the length.
     long = MEGABYTE[:100_000]
     s = Session(model, seg_len=256)

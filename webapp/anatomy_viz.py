@@ -4,7 +4,7 @@
   (the /step summary's ``"terms"``, and the strips under the attention view that
   webapp/web/terms.js draws), with a sentence on which term varies most.
 - :func:`distance_figure` / :func:`terms_figure`: the paper's Figures 5 and 7 on a text
-  (matplotlib, so that the page shows and the README ships the same PNG).
+  (matplotlib, so that the page shows and docs/figures.md ships the same PNG).
 - :func:`anatomy_numbers` / :func:`anatomy_markdown`: what the profiles say, as JSON and
   in words beside what the paper found.
 """

@@ -25,7 +25,7 @@ from webapp import anatomy_viz
 from webapp.serve import as_int
 
 MAX_CHARS = 5_000  # ~10 s for the bundled model at mem_len 128 on the shared 2-core machine
-MAX_MEM_LEN = 512  # the README's figures: 128 (as trained) and 512
+MAX_MEM_LEN = 512  # docs/figures.md's figures: 128 (as trained) and 512
 ALL_HEADS = "all heads"
 STAGE_EVERY_S = 0.5  # while reading, a progress stage at most this often
 KEEP_FILES_S = 600  # the PNG and JSON files a run writes are removed after ten minutes
