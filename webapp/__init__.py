@@ -2,7 +2,7 @@
 
 - ``serve``: the model cache, the sessions, input checks, and every handler's logic.
 - ``budget``: the server-wide memory budget, and offload of idle memories to disk.
-- ``longwork``: long work (Score, anatomy, recall) paced beside visitors' Steps.
+- ``longwork``: long work (the Score, the recall probe) paced beside visitors' Steps.
 - ``viz``, ``anatomy_viz``, ``recall_viz``: per-step views, Plotly charts, matplotlib figures.
 - ``web/``: the page's JS and CSS; ``tabs/``: one module per tab, its layout and wiring.
 
