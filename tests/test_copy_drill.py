@@ -1,0 +1,71 @@
+"""The copy drill of docs/recall-training.md (scripts/copy_drill.py): it scores the
+characters it says it scores, and it reads a model folder and a txl.train run folder alike."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_model
+
+from tests.test_app import tiny_model
+from txl import TransformerXL
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def drill(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the script imports recall_data beside it
+    import copy_drill
+
+    return copy_drill
+
+
+@pytest.mark.parametrize("gap", [0, 100])
+def test_the_drill_scores_each_line_after_its_first_character(drill, monkeypatch, tmp_path, gap):
+    # A stand-in for the model's costs: token t costs t bits. The mean the drill prints
+    # then says which tokens it summed: those of positions start .. start + n - 1 average to
+    # start + (n - 1) / 2.
+    streams = []
+
+    def position_bits(model, ids, seg_len, mem_len):
+        streams.append(ids)
+        return torch.arange(1, ids.numel(), dtype=torch.float64) * math.log(2)
+
+    monkeypatch.setattr(drill, "memory_nll", position_bits)
+    model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m"))
+    once, again = drill.drill_bits(model, gap=gap, drills=1, seed=3, mem_len=8)
+
+    line = drill.copy_drill(random.Random(3)).split("\n")[0]
+    text = model.tokenizer.decode(streams[0].tolist())
+    n = len(line)
+    first, second = (round(bits - (n - 1) / 2) for bits in (once, again))
+    assert text[first : first + n] == line[1:] + "\n"  # the line once, after its first letter
+    assert text[second : second + n] == line[1:] + "\n"  # and again, `gap` characters on
+    assert second - first == n + 1 + (gap + 1 if gap else 0)
+
+
+def test_the_script_reads_a_model_folder_and_a_run_folder_alike(tmp_path):
+    folder = tiny_model(tmp_path / "model", seed=4)
+    model = TransformerXL.from_pretrained(folder)
+    run = tmp_path / "run"  # what txl.train writes: run.json and checkpoint/model.safetensors
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"config": model.config.to_dict()}))
+    save_model(model, str(run / "checkpoint" / "model.safetensors"))
+
+    printed = []
+    for source in (folder, run):
+        args = [str(source), "--gaps", "0,20", "--drills", "3", "--mem-len", "16"]
+        script = [sys.executable, str(ROOT / "scripts" / "copy_drill.py")]
+        out = subprocess.run(script + args, capture_output=True, text=True, check=True).stdout
+        lines = out.strip().splitlines()
+        assert [line.split(": ")[0] for line in lines] == [f"{source} gap 0", f"{source} gap 20"]
+        printed.append([line.split(": ")[1] for line in lines])
+    assert printed[0] == printed[1]  # the same weights, read from either folder
