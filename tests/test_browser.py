@@ -285,8 +285,10 @@ def test_summary_is_drawn_only_while_open_and_status_bold_is_rendered(app_url, b
     closed = step_and_wait(page)
     shown = "document.querySelector('#summary .txl-summary')?.textContent || ''"
     assert page.evaluate(shown) == ""  # closed: nothing written (or not even mounted)
+    # Opening the accordion mounts its content a moment later: until then there is no
+    # .txl-summary, and the wait must go on rather than throw.
     summary_position = (
-        "+JSON.parse(document.querySelector('#summary .txl-summary').textContent || 'null')"
+        "+JSON.parse(document.querySelector('#summary .txl-summary')?.textContent || 'null')"
         "?.position"
     )
     page.get_by_text("Last step (JSON)").click()
