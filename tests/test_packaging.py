@@ -56,6 +56,15 @@ def top_level_imports(path: Path) -> set[str]:
     return names
 
 
+def without_the_demo(program: str) -> str:
+    """Python source that makes gradio, plotly, matplotlib and the demo unimportable, then
+    runs ``program``: for a fresh interpreter (``python -c``)."""
+    return (
+        f"import sys\nfor name in {WEB_STACK + DEMO!r}:\n"
+        "    sys.modules[name] = None  # any import of it raises ImportError\n" + program
+    )
+
+
 def txl_modules() -> list[Path]:
     return sorted((ROOT / "txl").rglob("*.py"))
 
@@ -85,10 +94,8 @@ def test_no_txl_module_imports_the_demo_or_the_web_stack():
 def test_txl_imports_and_generates_with_the_web_stack_and_the_demo_unimportable():
     """In a fresh interpreter where gradio, plotly, matplotlib and the demo cannot be
     imported: every txl module imports, the shipped model loads, and a Session generates."""
-    program = f"""
-import importlib, pkgutil, sys
-for name in {WEB_STACK + DEMO!r}:
-    sys.modules[name] = None  # any import of it raises ImportError
+    program = without_the_demo("""
+import importlib, pkgutil
 import txl
 modules = [m.name for m in pkgutil.iter_modules(txl.__path__)]
 for name in modules:
@@ -100,7 +107,7 @@ session = Session(model, mem_len=64, seed=0)
 session.feed("ROMEO:")
 text = "".join(trace.char for trace in session.generate(40))
 print(len(modules), repr(text))
-"""
+""")
     done = subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
