@@ -8,7 +8,7 @@ Both read one stream of text and predict every token from the K = attention leng
 before it (the paper's "attention length"):
 
 - memory: segments of ``seg_len`` (the model's, 64 for the bundled model) over a memory of
-  K - seg_len positions, carried from segment to segment (``forward_cached``, keys and
+  K - seg_len positions, carried from segment to segment (``cached_forward``, keys and
   values kept). The memory is filled first (untimed); then every segment is timed.
 - sliding window: every token predicted from the K tokens before it, recomputed from
   scratch with no memory (``txl.scoring.sliding_nll``'s forward call on a batch of
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from txl import TransformerXL  # noqa: E402  (after the path set-up above)
-from txl.model import KVMemory  # noqa: E402
+from txl.cached import KVMemory, cached_forward  # noqa: E402
 from txl.scoring import window_batch_size  # noqa: E402
 
 PAPER_TABLE_9 = {3800: 1874, 2800: 1409, 1800: 773, 800: 363}
@@ -75,7 +75,7 @@ def memory_ms_per_token(model, ids: torch.Tensor, seg_len: int, mem_len: int, n:
         targets = ids[a + 1 : a + seg_len + 1].view(1, -1).to(device)
         sync(device)
         t0 = time.perf_counter()
-        model.forward_cached(x, memory, mem_len=mem_len, targets=targets)
+        cached_forward(model, x, memory, mem_len=mem_len, targets=targets)
         sync(device)
         if a >= fill:  # the memory is full: time it
             times.append(1e3 * (time.perf_counter() - t0) / seg_len)
@@ -92,7 +92,7 @@ def sliding_ms_per_token(model, ids: torch.Tensor, window: int, n: int, batch: i
         x = windows[a : a + batch].to(device)
         sync(device)
         t0 = time.perf_counter()
-        out = model.forward_cached(x, None, mem_len=window, last_only=True)
+        out = cached_forward(model, x, None, mem_len=window, last_only=True)
         torch.log_softmax(out.logits[:, -1].float(), dim=-1)
         sync(device)
         times.append(1e3 * (time.perf_counter() - t0) / x.size(0))

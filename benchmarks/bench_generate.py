@@ -11,7 +11,7 @@ b. Step generation against the reference, Hugging Face's TransfoXLLMHeadModel
    (torch.utils.benchmark) and answers JSON; its rounds alternate with ours.
 c. What capturing the attention costs: a step with capture on against one with it off.
 --profile: instead, where a step's time goes (torch.profiler): aten calls per token and
-   the top ops by self time, for Session.step and for model.forward_cached alone.
+   the top ops by self time, for Session.step and for cached_forward alone.
 
 Demo size (6 layers, d_model 256, 8 heads x 32, d_inner 1024, vocab 65), random weights,
 fp32, 2 threads (--threads). Every figure is a median of torch.utils.benchmark blocks,
@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from txl import TransformerXL, TXLConfig  # noqa: E402
+from txl.cached import cached_forward  # noqa: E402
 from txl.session import Session  # noqa: E402
 
 THREADS = 2
@@ -251,9 +252,9 @@ def bench_profile(model: TransformerXL, mem_len: int, steps: int, top: int = 12)
     memory, token = s.kv.clone(), torch.tensor([[s.ids[-1]]])
 
     def model_step():  # the model alone: one token over a full memory, which stays full
-        model.forward_cached(token, memory, mem_len=mem_len, last_only=True)
+        cached_forward(model, token, memory, mem_len=mem_len, last_only=True)
 
-    for name, fn in (("Session.step()", s.step), ("model.forward_cached(1 token)", model_step)):
+    for name, fn in (("Session.step()", s.step), ("cached_forward(model, 1 token)", model_step)):
         for _ in range(20):  # warm-up: caches, allocator
             fn()
         ms = timed(fn, 1.0) * 1e3

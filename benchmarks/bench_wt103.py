@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from txl import TransformerXL, TXLConfig  # noqa: E402
-from txl.model import KVMemory  # noqa: E402
+from txl.cached import KVMemory, cached_forward  # noqa: E402
 from txl.session import memory_bytes_per_position  # noqa: E402
 
 WT103 = dict(
@@ -73,7 +73,7 @@ def cached_stepper(model: TransformerXL, mem: int):
     state = {"token": torch.tensor([[2]])}
 
     def step():
-        out = model.forward_cached(state["token"], memory, mem_len=mem, last_only=True)
+        out = cached_forward(model, state["token"], memory, mem_len=mem, last_only=True)
         state["token"] = out.logits[:, -1:].argmax(-1)
 
     return step

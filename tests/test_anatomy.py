@@ -30,8 +30,8 @@ from txl.anatomy import (
     share_beyond,
     term_profiles,
 )
+from txl.cached import KVMemory, cached_forward
 from txl.convert import convert_folder
-from txl.model import KVMemory
 from txl.session import Session
 from webapp import anatomy_viz
 
@@ -90,12 +90,12 @@ def _segments_forward(model, ids, segments):
 
 
 def _segments_cached(model, ids, segments):
-    """(M, out) per segment through forward_cached (a one-token segment takes _step)."""
+    """(M, out) per segment through cached_forward (a one-token segment takes _step)."""
     memory, start = KVMemory(), 0
     for length in segments:
         M = len(memory)
-        out = model.forward_cached(ids[:, start : start + length], memory,
-                                   output_attentions=True, output_terms=True)
+        out = cached_forward(model, ids[:, start : start + length], memory,
+                             output_attentions=True, output_terms=True)
         yield M, out
         start += length
 
@@ -104,7 +104,7 @@ def _max_visible(x, y, visible) -> float:
     return (x - y).abs().masked_fill(~visible, 0).max().item()
 
 
-@pytest.mark.parametrize("path", ["forward", "forward_cached"])
+@pytest.mark.parametrize("path", ["forward", "cached_forward"])
 @pytest.mark.parametrize("name", CASES)
 def test_terms_match_the_reference(reference, tmp_path, name, path):
     """(a)+(c) = AC, (b)+(d) = BD, (a) = q·k, (c) = u·k on every key the query sees, and

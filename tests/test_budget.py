@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 import app
 from tests.test_app import MEM_LEN, SEG_LEN, VOCAB
 from txl import TransformerXL, TXLConfig
-from txl.model import KVMemory
+from txl.cached import KVMemory, position_table_growth
 from txl.session import Session
 from webapp.budget import (
     STEP_RECORD_BYTES,
@@ -30,7 +30,6 @@ from webapp.budget import (
     MemoryBudget,
     growth_bytes,
     model_cache_bytes,
-    position_table_growth,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

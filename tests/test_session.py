@@ -19,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import txl.session
 from tests.tolerance import ROW_SUM, SAME_SUMS, assert_ulps_close
 from txl import TransformerXL, TXLConfig
 from txl.evaluate import evaluate_loss
@@ -279,13 +280,13 @@ def test_context_counts_the_keys_the_last_token_sees(same_length, mem_len):
 
 def test_feed_goes_segment_by_segment(peaky, monkeypatch):
     calls = []
-    original = TransformerXL.forward_cached
+    original = txl.session.cached_forward
 
-    def spy(self, input_ids, memory=None, *args, **kwargs):
+    def spy(model, input_ids, memory=None, *args, **kwargs):
         calls.append((input_ids.size(1), 0 if memory is None else len(memory)))
-        return original(self, input_ids, memory, *args, **kwargs)
+        return original(model, input_ids, memory, *args, **kwargs)
 
-    monkeypatch.setattr(TransformerXL, "forward_cached", spy)
+    monkeypatch.setattr(txl.session, "cached_forward", spy)
     s = Session(peaky, memory=True, mem_len=6, seg_len=4)
     s.start(TEXT[:23])
     assert [t for t, _ in calls] == [4, 4, 4, 4, 4, 3]  # never one giant forward

@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import KVMemory, TransformerXL
+from .cached import KVMemory, cached_forward
+from .model import TransformerXL
 
 TERM_INDEX = {"a": 0, "b": 1, "c": 2, "d": 3}  # in score_terms' [4, ...] output
 TERMS = ("a", "b", "d")  # term_profiles' first axis (the paper's Figure 7)
@@ -129,7 +130,8 @@ def iter_profiles(
     # inference_mode: the model's outputs are inference tensors, scaled here in place
     with _eval_mode(model), torch.inference_mode():
         for start in range(0, n, seg_len):
-            out = model.forward_cached(
+            out = cached_forward(
+                model,
                 x[:, start : start + seg_len],
                 memory,
                 output_attentions=True,

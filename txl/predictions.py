@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .cached import cached_forward
+
 TOP_K = 10  # tokens shown in each bar list
 LN2 = math.log(2)
 
@@ -70,7 +72,7 @@ def window_logits(model, ids: list[int], seg_len: int) -> Tensor:
     window = ids[-seg_len:]
     device = next(model.parameters()).device
     x = torch.tensor([window], dtype=torch.long, device=device)  # [1, W]
-    out = model.forward_cached(x, None, mem_len=len(window), last_only=True)
+    out = cached_forward(model, x, None, mem_len=len(window), last_only=True)
     return out.logits[0, -1]  # [V]
 
 

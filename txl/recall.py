@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from .model import KVMemory, TransformerXL
+from .cached import KVMemory, cached_forward
+from .model import TransformerXL
 from .scoring import memory_nll, sliding_nll
 
 CUE = 3  # letters of the name given back as the cue; the rest is scored
@@ -124,7 +125,8 @@ class _SharedRead:
         while self.boundary < boundary:
             a, b = self.boundary, self.boundary + self.seg_len
             with pace():
-                out = self.model.forward_cached(
+                out = cached_forward(
+                    self.model,
                     self.ids[a:b].view(1, -1),  # [1, seg_len]
                     self.memory,
                     mem_len=self.mem_len,
@@ -150,7 +152,8 @@ def _read_from(
     losses = []
     for s in range(a, len(ids) - 1, seg_len):
         e = min(s + seg_len, len(ids) - 1)
-        out = model.forward_cached(
+        out = cached_forward(
+            model,
             ids[s:e].view(1, -1),  # [1, T]
             memory if mem_len > 0 else None,
             mem_len=mem_len,

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .cached import cached_forward
 from .model import TransformerXL
 
 
@@ -47,8 +48,8 @@ def stream_nll(
         b = min(a + seg_len, n_pred)
         inputs = streams[:, a:b].to(device)
         targets = streams[:, a + 1 : b + 1].to(device)
-        out = model.forward_cached(
-            inputs, memory if mem_len > 0 else None, mem_len=mem_len, targets=targets
+        out = cached_forward(
+            model, inputs, memory if mem_len > 0 else None, mem_len=mem_len, targets=targets
         )
         memory = out.memory
         losses.append(out.nll.float().cpu())
@@ -140,7 +141,7 @@ def sliding_nll(
     if start < short_stop:
         prefix = ids[: short_stop - 1].unsqueeze(0)  # [1, short_stop - 1]
         # mem_len = its length: same_length (when set) then hides nothing in it.
-        logits = model.forward_cached(prefix, None, mem_len=prefix.size(1)).logits[0]
+        logits = cached_forward(model, prefix, None, mem_len=prefix.size(1)).logits[0]
         logp = torch.log_softmax(logits.float(), dim=-1)  # [short_stop - 1, vocab]
         rows = torch.arange(start - 1, short_stop - 1, device=device)
         nll.append(-logp[rows, ids[rows + 1]])
@@ -153,7 +154,7 @@ def sliding_nll(
         for a in tqdm(chunks, desc=desc, disable=not progress, leave=False):
             b = min(a + batch_size, stop - window)
             x = windows[a:b]  # [N, W], predicting ids[a+W : b+W]
-            out = model.forward_cached(x, None, mem_len=window, last_only=True)
+            out = cached_forward(model, x, None, mem_len=window, last_only=True)
             logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # [N, vocab]
             targets = ids[a + window : b + window]
             nll.append(-logp.gather(1, targets.unsqueeze(1))[:, 0])

@@ -43,7 +43,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .model import KVMemory, TransformerXL
+from .cached import KVMemory, cached_forward
+from .model import TransformerXL
 from .predictions import MemoryEffect, Predictions, predictions, window_logits
 from .sampling import sample_next
 from .scoring import (
@@ -864,7 +865,8 @@ class Session:
         terms)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, T]
         keys = len(self.kv) + len(ids)  # what the last query attends over
-        out = self.model.forward_cached(
+        out = cached_forward(
+            self.model,
             x,
             self.kv,
             output_attentions=capture,
@@ -885,7 +887,8 @@ class Session:
         logits. mem_len = the window, so that same_length hides nothing inside it."""
         window = self.ids[-self._seg_len :]
         x = torch.tensor([window], dtype=torch.long, device=self.device)  # [1, W]
-        out = self.model.forward_cached(
+        out = cached_forward(
+            self.model,
             x,
             None,
             output_attentions=capture,

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from txl.model import KVMemory
+from txl.cached import KVMemory, position_table_bytes, position_table_growth
 from txl.session import Session, memory_bytes_per_position
 
 MB = 2**20
@@ -187,17 +187,11 @@ def growth_bytes(session: Session, mem_len: int, steps: int) -> int:
 
 def model_cache_bytes(model) -> int:
     """Bytes a model keeps beside its weights for its sessions' steps, which they make
-    grow: the table of position keys (TransformerXL.position_keys_cached: W_r R per layer
-    for every distance up to twice the longest memory + segment it has served; 15-26 MB
-    for the bundled model once a session used mem_len 2048). Shared by all the model's
-    sessions and never freed while the model lives, so it is counted once per model."""
-    return model.position_table_bytes()
-
-
-def position_table_growth(model, keys: int) -> int:
-    """The bytes of the table of position keys a forward over ``keys`` keys builds, when the
-    model's table is shorter (0 when it covers them)."""
-    return model.position_table_growth(keys)
+    grow: the table of position keys (txl.cached.position_keys: W_r R per layer for every
+    distance up to twice the longest memory + segment it has served; 15-26 MB for the
+    bundled model once a session used mem_len 2048). Shared by all the model's sessions
+    and never freed while the model lives, so it is counted once per model."""
+    return position_table_bytes(model)
 
 
 # ---- the budget ------------------------------------------------------------------------

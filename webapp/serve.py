@@ -26,6 +26,7 @@ import torch
 
 from txl.config import TXLConfig
 from txl.hub import CONFIG_NAME, TXLLoadError
+from txl.loading import load_config
 from txl.model import TransformerXL
 from txl.recall import DISTANCES, check_recall, probe_text, recall_probe
 from txl.session import (
@@ -98,7 +99,7 @@ def allowed_folder(source: str, folders: list[Path]) -> bool:
 
 def check_config(source: str, max_params: int) -> TXLConfig:
     """Read config.json first: refuse oversized models before the weights are downloaded."""
-    config = TransformerXL.load_config(source)
+    config = load_config(source)
     params = config.n_params()
     if params > max_params:
         raise TXLLoadError(
