@@ -31,6 +31,7 @@ from webapp.budget import (
     growth_bytes,
     model_cache_bytes,
 )
+from webapp.offload import is_unloaded, record_bytes, reload, resident_bytes, unload
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "ROMEO:\nBut soft! what light through yonder window breaks? It is the east. "
@@ -75,14 +76,14 @@ def kept(s: Session) -> int:
     """What a session keeps in RAM while its memory is on disk: its records and the last
     step's attention (resident_bytes once unloaded)."""
     last = s.last_trace
-    return s.record_bytes() + last.attentions.nbytes + last.key_positions.nbytes
+    return record_bytes(s) + last.attentions.nbytes + last.key_positions.nbytes
 
 
 def room(model, sessions: list[Session], in_ram: int, spare: float) -> int:
     """A budget with room for the model's table of position keys, ``in_ram`` of the
     sessions in RAM (the largest) and what the others keep while on disk, and ``spare``
     of a session more."""
-    size = max(s.resident_bytes() for s in sessions)
+    size = max(resident_bytes(s) for s in sessions)
     on_disk = (len(sessions) - in_ram) * max(kept(s) for s in sessions)
     return model_cache_bytes(model) + in_ram * size + on_disk + int(spare * size)
 
@@ -139,17 +140,17 @@ def test_kvmemory_round_trips_through_safetensors(model, tmp_path):
 
 def test_unload_and_reload_continue_exactly(model, tmp_path):
     s, alone = started(model, 1), started(model, 1)
-    before = s.resident_bytes()
+    before = resident_bytes(s)
     kv_before = {k: t.clone() for k, t in s.kv.to_tensors().items()}
-    tensors = s.unload()
-    assert s.unloaded and s.kv is None and s.next_logits is None and not s.history
+    tensors = unload(s)
+    assert is_unloaded(s) and s.kv is None and s.next_logits is None and not s.history
     last = s.last_trace  # its attention stays (Export reads it), and the records
-    stays = last.attentions.nbytes + last.key_positions.nbytes + s.record_bytes()
-    assert s.resident_bytes() == stays < before
+    stays = last.attentions.nbytes + last.key_positions.nbytes + record_bytes(s)
+    assert resident_bytes(s) == stays < before
     save_file(tensors, tmp_path / "s.safetensors")
     del tensors
-    s.reload(load_file(tmp_path / "s.safetensors"))
-    assert not s.unloaded and s.resident_bytes() == before
+    reload(s, load_file(tmp_path / "s.safetensors"))
+    assert not is_unloaded(s) and resident_bytes(s) == before
     kv_after = s.kv.to_tensors()
     assert kv_after.keys() == kv_before.keys()
     assert all(same_bits(kv_after[k], kv_before[k]) for k in kv_before)  # spare room too
@@ -168,6 +169,7 @@ import gc, json, sys, tracemalloc
 import torch
 from txl import TransformerXL
 from txl.session import Session
+from webapp.offload import record_bytes, unload
 
 torch.set_num_threads(1)
 folder, prompt, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -178,7 +180,7 @@ def unloaded_session():
     s.start(prompt * 12)
     for _ in range(steps):
         s.step()
-    s.unload()  # its tensors are handed over and dropped here
+    unload(s)  # its tensors are handed over and dropped here
     return s
 
 unloaded_session()  # the first fills whatever a step caches for good
@@ -189,7 +191,7 @@ s = unloaded_session()
 gc.collect()
 kept = tracemalloc.get_traced_memory()[0] - before
 tracemalloc.stop()
-print(json.dumps({"kept": kept, "record_bytes": s.record_bytes()}))
+print(json.dumps({"kept": kept, "record_bytes": record_bytes(s)}))
 """
 
 
@@ -227,9 +229,9 @@ def test_growth_counts_the_model_table_a_longer_memory_builds(folder):
         s.start(PROMPT * 5)  # 370 characters: the memory fills to 200
         s.step()
     table = model_cache_bytes(model)
-    assert table > 0 and s.resident_bytes() + table <= growth
+    assert table > 0 and resident_bytes(s) + table <= growth
     assert budget.models_bytes() == table
-    assert budget.in_ram() == s.resident_bytes() + table
+    assert budget.in_ram() == resident_bytes(s) + table
     assert position_table_growth(model, 200 + SEG_LEN) == 0  # the next request adds none
     assert position_table_growth(model, 2 * (200 + SEG_LEN)) > 0
 
@@ -246,13 +248,13 @@ def test_accounting_counts_every_session_and_a_running_requests_peak(model):
     # the sessions, and once the table of position keys their model keeps for them
     table = model_cache_bytes(model)
     assert table > 0 and budget.models_bytes() == table
-    assert budget.in_ram() == sum(s.resident_bytes() for s in sessions) + table
+    assert budget.in_ram() == sum(resident_bytes(s) for s in sessions) + table
     growth = growth_bytes(sessions[0], MEM_LEN, 5)
     with locks[0], budget.use(sessions[0], locks[0], growth):
         # while the request runs it counts what it may grow to, not what it holds
         during = budget.in_ram()
-        assert during == sum(s.resident_bytes() for s in sessions) + table + growth
-    assert budget.in_ram() == sum(s.resident_bytes() for s in sessions) + table
+        assert during == sum(resident_bytes(s) for s in sessions) + table + growth
+    assert budget.in_ram() == sum(resident_bytes(s) for s in sessions) + table
     assert budget.offloads == 0 and budget.files() == []
 
 
@@ -263,7 +265,7 @@ def test_growth_covers_what_a_request_adds(model):
     s.start(PROMPT * 3)
     for _ in range(20):
         s.step()
-    assert s.resident_bytes() <= growth
+    assert resident_bytes(s) <= growth
 
 
 def test_least_recently_used_goes_to_disk_first_and_comes_back_exactly(model):
@@ -276,14 +278,14 @@ def test_least_recently_used_goes_to_disk_first_and_comes_back_exactly(model):
     assert budget.offloads == 0
     use(budget, c, locks[id(c)])  # a is the least recently used
     assert budget.is_offloaded(a) and not budget.is_offloaded(b)
-    assert a.unloaded and len(budget.files()) == 1
+    assert is_unloaded(a) and len(budget.files()) == 1
     # a still counts what it keeps in RAM; the model's table counts once
-    assert 0 < a.resident_bytes() == kept(a)
-    everything = model_cache_bytes(model) + sum(x.resident_bytes() for x in (a, b, c))
+    assert 0 < resident_bytes(a) == kept(a)
+    everything = model_cache_bytes(model) + sum(resident_bytes(x) for x in (a, b, c))
     assert budget.in_ram() == everything <= budget.limit
     restored = use(budget, a, locks[id(a)], steps=0)  # b now the least recently used
     assert restored is not None and restored >= 0
-    assert not a.unloaded and budget.is_offloaded(b) and not budget.is_offloaded(c)
+    assert not is_unloaded(a) and budget.is_offloaded(b) and not budget.is_offloaded(c)
     assert len(budget.files()) == 1 and budget.restores == 1
     for x in (a, b, c):  # each in turn: the others go to disk and come back
         for _ in range(5):
@@ -320,7 +322,7 @@ def test_released_and_dropped_sessions_take_their_files(model):
 
 def test_a_session_larger_than_the_budget_is_refused_and_unchanged(model):
     s, alone = started(model, 0), started(model, 0)
-    budget = MemoryBudget(s.resident_bytes() // 2)
+    budget = MemoryBudget(resident_bytes(s) // 2)
     lock = threading.Lock()
     with pytest.raises(BudgetError, match="more than the server's whole memory budget"):
         use(budget, s, lock, steps=1)
@@ -332,12 +334,12 @@ def test_full_disk_or_busy_sessions_refuse_with_nothing_changed(model):
     a, b = started(model, 0), started(model, 1)
     b_alone = started(model, 1)
     la, lb = threading.Lock(), threading.Lock()
-    size = max(a.resident_bytes(), b.resident_bytes())
+    size = max(resident_bytes(a), resident_bytes(b))
     budget = MemoryBudget(room(model, [a, b], in_ram=1, spare=0.5), disk_limit=size // 2)
     use(budget, a, la)
     with pytest.raises(BudgetError, match="TXL_OFFLOAD_DISK_MB"):
         use(budget, b, lb, steps=1)
-    assert not a.unloaded and budget.files() == []
+    assert not is_unloaded(a) and budget.files() == []
     same_memory(b, b_alone)
     budget.disk_limit = 2**30
     with la, pytest.raises(BudgetError, match="in use right now"):  # a is busy
@@ -345,7 +347,7 @@ def test_full_disk_or_busy_sessions_refuse_with_nothing_changed(model):
     same_memory(b, b_alone)
     use(budget, b, lb, steps=1)  # a idle again: it goes to disk, b runs
     b_alone.step()
-    assert a.unloaded and torch.equal(b.next_logits, b_alone.next_logits)
+    assert is_unloaded(a) and torch.equal(b.next_logits, b_alone.next_logits)
 
 
 def test_a_damaged_file_clears_the_session_with_a_message(model):
@@ -356,7 +358,7 @@ def test_a_damaged_file_clears_the_session_with_a_message(model):
     budget.files()[0].write_bytes(b"not a safetensors file")
     with pytest.raises(BudgetError, match="could not be read back"):
         use(budget, a, la)
-    assert not a.unloaded and a.text == "" and a.kv is not None
+    assert not is_unloaded(a) and a.text == "" and a.kv is not None
     assert not budget.is_offloaded(a)
 
 
@@ -389,7 +391,7 @@ def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
     monkeypatch.setenv("TXL_SESSION_MEMORY_MB", "1")
     big = app.TXLApp(folder, model_dirs=[])
     a, _ = step(big, None, 0)
-    held = a.session.resident_bytes()
+    held = resident_bytes(a.session)
     need = held + growth_bytes(a.session, MEM_LEN, 1)
     table = model_cache_bytes(big.default_model)  # each app's model has one of this size
     # room for one Step, not for one Step beside another session
@@ -397,22 +399,22 @@ def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
     a, status = step(txl_app, None, 0)
     assert "restored" not in status
     b, _ = step(txl_app, None, 1)  # a new session holds nothing yet: it fits beside a
-    assert not a.session.unloaded
+    assert not is_unloaded(a.session)
     b, _ = step(txl_app, b, 1)  # now a goes to disk
-    assert a.session.unloaded
+    assert is_unloaded(a.session)
     a, status = step(txl_app, a, 0)  # and comes back
-    assert "memory restored from disk in" in status and not a.session.unloaded
+    assert "memory restored from disk in" in status and not is_unloaded(a.session)
     c, _ = step(txl_app, None, 2)
     c, _ = step(txl_app, c, 2)  # b, the least recently used, goes to disk
-    assert b.session.unloaded
+    assert is_unloaded(b.session)
     text_view, attention, *_ = txl_app.redraw(0, None, None, b)  # the history slider
-    assert not b.session.unloaded and attention is not None and b.session.history
+    assert not is_unloaded(b.session) and attention is not None and b.session.history
     too_small = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(need // 4))
     with pytest.raises(gr.Error, match="whole memory budget"):
         step(too_small, None, 0)
     # expiry removes the file of a session whose memory is on disk
     txl_app.sessions.ttl = 0
-    assert any(x.session.unloaded for x in (a, b, c)) and txl_app.budget.files()
+    assert any(is_unloaded(x.session) for x in (a, b, c)) and txl_app.budget.files()
     txl_app.sessions.sweep()
     assert all(x.expired for x in (a, b, c)) and txl_app.budget.files() == []
 
@@ -434,7 +436,7 @@ def test_concurrent_steps_under_a_small_budget_equal_each_session_alone(folder):
         alone[i] = state.session.text
         done.append(state)
     state, _ = step(alone_app, None, 0)
-    need = state.session.resident_bytes() + growth_bytes(state.session, MEM_LEN, 1)
+    need = resident_bytes(state.session) + growth_bytes(state.session, MEM_LEN, 1)
     # what the idle ones keep in RAM while on disk (the most: after all the rounds)
     on_disk = (n - N_THREADS) * max(kept(x.session) for x in done)
     table = model_cache_bytes(alone_app.default_model)
@@ -460,7 +462,7 @@ def test_concurrent_steps_under_a_small_budget_equal_each_session_alone(folder):
         t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert not errors, errors[:3]
-    assert sum(s.session.resident_bytes() for s in states.values()) > budget.limit or (
+    assert sum(resident_bytes(s.session) for s in states.values()) > budget.limit or (
         budget.offloads > 0
     )
     assert budget.offloads > n and budget.restores > n

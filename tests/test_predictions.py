@@ -18,6 +18,7 @@ from txl import TransformerXL, TXLConfig
 from txl.predictions import TOP_K, MemoryEffect
 from txl.session import Session
 from webapp import viz
+from webapp.offload import reload, unload
 
 PROMPT = "ROMEO:\nI"  # 8 characters
 
@@ -148,9 +149,9 @@ def test_history_and_offload_keep_each_steps_predictions():
         assert kept.position == traces[-1 - back].position
         assert kept.predictions == traces[-1 - back].predictions
     effect = (list(s.memory_effect.positions), s.memory_effect.bits_saved())
-    tensors = s.unload()
+    tensors = unload(s)
     assert not any("predictions" in k for k in tensors)  # plain data: stays in RAM
-    s.reload({k: v.clone() for k, v in tensors.items()})
+    reload(s, {k: v.clone() for k, v in tensors.items()})
     assert [s.past_trace(b).predictions for b in range(8)] == [
         t.predictions for t in traces[::-1][:8]
     ]

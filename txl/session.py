@@ -195,18 +195,11 @@ def memory_bytes_per_position(model: TransformerXL) -> int:
     return 2 * c.n_layer * c.n_head * c.d_head * next(model.parameters()).element_size()
 
 
-def memory_cap(model: TransformerXL, budget_bytes: int) -> int:
-    """The most memory positions one session may keep within budget_bytes, counting the
-    KV buffers' 25 % spare room. (The WikiText-103 model's memory of 1,600 positions takes
-    236 MB in float32, 118 MB in bfloat16.)"""
-    return int(budget_bytes / (1.25 * memory_bytes_per_position(model)))
-
-
 def _trace_bytes(trace: StepTrace) -> int:
     return trace.attentions.nbytes + trace.key_positions.nbytes
 
 
-def _record_bytes(record, depth: int = 6) -> int:
+def plain_bytes(record, depth: int = 6) -> int:
     """Bytes of a record of plain Python data (a StepTrace's fields, its Predictions: two
     top-10 lists of (id, text, p) tuples), sys.getsizeof over it and all it holds, but
     for arrays (counted as arrays) and the objects CPython shares: None, booleans, small
@@ -222,21 +215,12 @@ def _record_bytes(record, depth: int = 6) -> int:
     if depth == 0:
         return size
     if hasattr(record, "__dict__"):
-        size += _record_bytes(vars(record), depth - 1)
+        size += plain_bytes(vars(record), depth - 1)
     elif isinstance(record, dict):
-        size += sum(_record_bytes(v, depth - 1) for v in record.values())
+        size += sum(plain_bytes(v, depth - 1) for v in record.values())
     elif isinstance(record, list | tuple):
-        size += sum(_record_bytes(v, depth - 1) for v in record)
+        size += sum(plain_bytes(v, depth - 1) for v in record)
     return size
-
-
-@dataclass
-class _Unloaded:
-    """What stays in RAM of an unloaded memory: whether there was a KV memory, and the
-    history's traces without their arrays."""
-
-    kv: bool
-    history: list[StepTrace]
 
 
 class Session:
@@ -340,6 +324,22 @@ class Session:
         """[vocab] the pending next-token scores (None before anything was fed)."""
         return self._logits
 
+    @next_logits.setter
+    def next_logits(self, logits: Tensor | None) -> None:
+        """Hand back the scores this session computed (a memory restored from disk)."""
+        self._logits = logits
+
+    @property
+    def history_bytes(self) -> int:
+        """Bytes of the step history's arrays: what ``history_bytes_limit`` bounds."""
+        return self._history_bytes
+
+    @property
+    def history_record_bytes(self) -> int:
+        """Bytes of the step history's plain records (``plain_bytes`` of each step, counted
+        as it joins and leaves the history)."""
+        return self._history_records
+
     @property
     def seed(self) -> int:
         return self._seed
@@ -413,10 +413,9 @@ class Session:
         self.last_trace: StepTrace | None = None
         self.history: deque[StepTrace] = deque()  # oldest first
         self._history_bytes = 0  # the history's arrays (what history_bytes_limit bounds)
-        # and its records (_record_bytes, each computed once: ~0.1 ms): they stay on unload
+        # and its records (plain_bytes, each computed once: ~0.1 ms)
         self._record_sizes: deque[int] = deque()  # the history's, oldest first
         self._history_records = 0  # their sum
-        self._unloaded: _Unloaded | None = None  # see unload()
         # p with and without memory of every token a step produced with memory on
         self.memory_effect = MemoryEffect()
         self.generator.manual_seed(self._seed)
@@ -556,7 +555,7 @@ class Session:
         )
         self.history.append(kept)
         self._history_bytes += _trace_bytes(kept)
-        self._record_sizes.append(_record_bytes(kept))
+        self._record_sizes.append(plain_bytes(kept))
         self._history_records += self._record_sizes[-1]
         self._trim_history()
 
@@ -603,7 +602,7 @@ class Session:
             "span": (end - tokens, end),
             "context": context,
             "history_steps": len(self.history),
-            "history_bytes": self._history_bytes,
+            "history_bytes": self.history_bytes,
         }
 
     def score(self, text: str, sliding: bool = True) -> ScoreResult:
@@ -738,90 +737,6 @@ class Session:
             f"temperature={self._temperature}, top_k={self._top_k}, top_p={self._top_p}, "
             f"seed={self.seed})"
         )
-
-    # ---- the memory as tensors: what a server counts, offloads and restores ------------
-
-    def resident_bytes(self) -> int:
-        """Bytes this session holds in RAM besides the model's: its tensors (the KV buffers,
-        spare room included: it is allocated; the pending logits, the step history, the
-        last step's attention and terms) and its records (``record_bytes``). Once
-        unloaded: what stays, the records and the last step's attention (the app's Export
-        reads it without a request)."""
-        kv = self.kv.buffer_bytes if self.kv else 0
-        logits = self._logits.nbytes if self._logits is not None else 0
-        history = 0 if self._unloaded else self._history_bytes
-        t = self.last_trace
-        last = 0
-        for array in (t.attentions, t.key_positions, t.terms) if t is not None else ():
-            last += array.nbytes if array is not None else 0
-        return kv + logits + history + last + self.record_bytes()
-
-    def record_bytes(self) -> int:
-        """Bytes of the session's plain Python records, which never leave RAM: the text and
-        prompt, the token ids (a list of pointers; ids above 256 are int objects of their
-        own), a word model's pieces, the memory-effect record (32 bytes per token), and the
-        step records of the history and the last step (their predictions: ~3 KB a step).
-        Measured against tracemalloc in tests/test_budget.py; O(1) but for the last step."""
-        ids = sys.getsizeof(self.ids)
-        if self.model.config.vocab_size > 257:  # -5..256 are shared int objects
-            ids += sys.getsizeof(2**20) * len(self.ids)
-        text = sys.getsizeof(self.text) + sys.getsizeof(self.prompt)
-        # a word's piece: a str object (49 bytes) with its characters, ~8 on average
-        pieces = sys.getsizeof(self._pieces) + 57 * len(self._pieces)
-        effect = sum(sys.getsizeof(a) for a in vars(self.memory_effect).values())
-        records = self._history_records + _record_bytes(self.last_trace)
-        return ids + text + pieces + effect + records
-
-    @property
-    def unloaded(self) -> bool:
-        """Whether the memory is out of RAM (unload() was called, reload() not yet)."""
-        return self._unloaded is not None
-
-    def unload(self) -> dict[str, Tensor]:
-        """Hand over the memory as named tensors and drop it from the session: the KV
-        memory (KVMemory.to_tensors), the pending logits, the step history's arrays and
-        the last step's score terms (a big model's are megabytes). The text, the settings,
-        the generator and the rest of the last step's trace stay. Until reload() with
-        these tensors, the session must not be used."""
-        if self._unloaded is not None:
-            raise RuntimeError("this session's memory is already unloaded")
-        tensors: dict[str, Tensor] = {}
-        if self.kv is not None:
-            tensors.update({f"kv.{k}": t for k, t in self.kv.to_tensors().items()})
-        if self._logits is not None:
-            tensors["next_logits"] = self._logits
-        for i, trace in enumerate(self.history):
-            tensors[f"history.{i}.attentions"] = torch.from_numpy(trace.attentions)
-            tensors[f"history.{i}.key_positions"] = torch.from_numpy(trace.key_positions)
-        if self.last_trace is not None and self.last_trace.terms is not None:
-            tensors["last_trace.terms"] = torch.from_numpy(self.last_trace.terms)
-            self.last_trace = replace(self.last_trace, terms=None)
-        self._unloaded = _Unloaded(
-            kv=self.kv is not None,
-            history=[replace(t, attentions=None, key_positions=None) for t in self.history],
-        )
-        self.kv, self._logits, self.history = None, None, deque()
-        return tensors
-
-    def reload(self, tensors: dict[str, Tensor]) -> None:
-        """Take back the memory unload() handed over (read back from disk, say): the
-        session continues exactly as if it had never been unloaded."""
-        if self._unloaded is None:
-            raise RuntimeError("this session's memory is not unloaded")
-        kv = {k.removeprefix("kv."): t for k, t in tensors.items() if k.startswith("kv.")}
-        history = deque(
-            replace(
-                t,
-                attentions=tensors[f"history.{i}.attentions"].numpy(),
-                key_positions=tensors[f"history.{i}.key_positions"].numpy(),
-            )
-            for i, t in enumerate(self._unloaded.history)
-        )
-        self.kv = KVMemory.from_tensors(kv) if self._unloaded.kv else None
-        self._logits = tensors.get("next_logits")
-        if "last_trace.terms" in tensors:
-            self.last_trace = replace(self.last_trace, terms=tensors["last_trace.terms"].numpy())
-        self.history, self._unloaded = history, None
 
     # ---- the model calls ------------------------------------------------------------
 

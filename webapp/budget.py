@@ -9,7 +9,7 @@ memories of the least recently used idle sessions are written to disk (safetenso
 files in a private temporary folder) and dropped from RAM. A session whose memory is on
 disk reads it back on its next use, bit for bit: it continues token for token and logit
 for logit as if it had never left. Its text, settings, sampler and records never leave
-RAM (Session.resident_bytes() still counts them then); only Session.unload()'s tensors do.
+RAM (offload.resident_bytes still counts them then); only offload.unload's tensors do.
 
 When no room can be made (everyone else is busy, the disk budget TXL_OFFLOAD_DISK_MB is
 full, or one session alone needs more than the whole budget), the request is refused
@@ -39,6 +39,8 @@ from safetensors.torch import load_file, save_file
 
 from txl.cached import KVMemory, position_table_bytes, position_table_growth
 from txl.session import Session, memory_bytes_per_position
+
+from .offload import forget_unloaded, is_unloaded, reload, resident_bytes, unload
 
 MB = 2**20
 BUDGET_SHARE = 0.5  # default budget: half the machine's (or the container's) memory
@@ -194,6 +196,16 @@ def model_cache_bytes(model) -> int:
     return position_table_bytes(model)
 
 
+# ---- what one session may keep ----------------------------------------------------------
+
+
+def memory_cap(model, budget_bytes: int) -> int:
+    """The most memory positions one session may keep within budget_bytes, counting the
+    KV buffers' 25 % spare room. (The WikiText-103 model's memory of 1,600 positions takes
+    236 MB in float32, 118 MB in bfloat16.)"""
+    return int(budget_bytes / (1.25 * memory_bytes_per_position(model)))
+
+
 # ---- the budget ------------------------------------------------------------------------
 
 
@@ -223,7 +235,7 @@ class _Account:
 
 class MemoryBudget:
     """The server's sessions' memory, within ``limit`` bytes of RAM and ``disk_limit``
-    bytes of offload files: each session's (Session.resident_bytes) and, once for each
+    bytes of offload files: each session's (offload.resident_bytes) and, once for each
     model they use, the model's caches (model_cache_bytes). Sessions and models are held
     weakly: a session the app drops takes its account with it, and its file is removed
     when it is garbage-collected; a model dropped from the cache takes its caches."""
@@ -283,7 +295,7 @@ class MemoryBudget:
             if account is None:
                 account = self._accounts[session] = _Account(lock=lock)
             account.lock = lock  # the owner's lock (the same, unless the owner changed)
-            now = account.unloaded_bytes if account.path else session.resident_bytes()
+            now = account.unloaded_bytes if account.path else resident_bytes(session)
             need = now + growth
             self._make_room(need, session)
             self._models[session.model] = model_cache_bytes(session.model)
@@ -294,9 +306,10 @@ class MemoryBudget:
             if path is not None:  # outside the budget's lock: the session's lock is ours
                 t0 = time.perf_counter()
                 try:
-                    session.reload(load_file(path))
+                    reload(session, load_file(path))
                 except Exception as e:  # the file is gone or damaged: start the memory over
                     session.reset()
+                    forget_unloaded(session)  # reset() cleared the memory that was on disk
                     with self._lock:
                         self._forget_file(account)
                     raise BudgetError(
@@ -313,7 +326,7 @@ class MemoryBudget:
             with self._lock:
                 # (unloaded: the file could not be read and nothing was restored; what
                 # stays in RAM of an unloaded session still counts)
-                account.resident = session.resident_bytes()
+                account.resident = resident_bytes(session)
                 account.peak, account.last_used = None, next(self._clock)
                 self._models[session.model] = model_cache_bytes(session.model)
 
@@ -323,6 +336,7 @@ class MemoryBudget:
             account = self._accounts.pop(session, None)
             if account is not None:
                 self._forget_file(account)
+            forget_unloaded(session)
 
     # -- under the budget's lock --
 
@@ -354,7 +368,7 @@ class MemoryBudget:
             if not account.lock.acquire(blocking=False):  # in use right now: leave it
                 continue
             try:
-                if account.peak is not None or other.unloaded:
+                if account.peak is not None or is_unloaded(other):
                     continue
                 freed = self._offload(other, account)
             finally:
@@ -381,17 +395,17 @@ class MemoryBudget:
         """Write the session's memory to a file and drop it from RAM; the bytes freed.
         What stays in RAM (its records, the last step's attention) stays counted."""
         path = self.folder / f"{uuid.uuid4().hex}.safetensors"
-        held = session.resident_bytes()
-        tensors = session.unload()
+        held = resident_bytes(session)
+        tensors = unload(session)
         try:
             save_file(tensors, str(path))
         except BaseException:
-            session.reload(tensors)  # the disk refused it: the memory stays in RAM
+            reload(session, tensors)  # the disk refused it: the memory stays in RAM
             path.unlink(missing_ok=True)
             raise
         del tensors
         account.path, account.file_bytes = path, path.stat().st_size
-        account.unloaded_bytes, account.resident = held, session.resident_bytes()
+        account.unloaded_bytes, account.resident = held, resident_bytes(session)
         freed = held - account.resident
         # The file goes with the session when the app drops it without a release().
         account.remove_file = weakref.finalize(session, _remove, path)

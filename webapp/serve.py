@@ -36,7 +36,6 @@ from txl.session import (
     check_temperature,
     check_top_p,
     memory_bytes_per_position,
-    memory_cap,
 )
 
 from . import viz
@@ -44,6 +43,7 @@ from .budget import (
     MemoryBudget,
     default_budget_bytes,
     growth_bytes,
+    memory_cap,
     note_heap_use,
     trim_if_used,
     trim_memory,  # the sweep's; it lives with the allocator settings now
