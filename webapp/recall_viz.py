@@ -14,9 +14,7 @@ import math
 
 from txl.recall import CUE, DISTANCES, RECALLED_BITS, RecallRow, recall_summary
 
-from .viz import MEMORY_COLOR, SEGMENTS_COLOR, SLIDING_COLOR, figure
-
-TRANSPARENT = {"paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)"}
+from .figures import MEMORY_COLOR, SEGMENTS_COLOR, SLIDING_COLOR, TRANSPARENT, figure
 
 
 def recall_numbers(
