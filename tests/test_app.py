@@ -224,7 +224,7 @@ def shown_share(status: str) -> float:
 
 def test_page_step_sends_the_api_views_packed_as_one_string_each(server, client):
     """The page's Step (step_page, private) gives the page /step's four views each as one
-    JSON string (viz.packed: Gradio's page copies a value number by number); unpacked,
+    JSON string (figures.packed: Gradio's page copies a value number by number); unpacked,
     they are /step's values for the same seed, and the other outputs are /step's own."""
     _, txl_app = server
     choice = dict(layer="layer 1", head="head 0")  # one head: the view carries its terms
@@ -394,7 +394,7 @@ def test_score_moments_are_the_top_5_of_direct_per_character_differences(server,
         assert m["char"] == MOMENTS_TEXT[p]
         assert m["context"] == MOMENTS_TEXT[max(0, p - 40) : p + 41]
         assert m["bits_saved"] == pytest.approx(m["bits_window"] - m["bits_memory"], abs=2e-4)
-    model = server[1].default_model
+    model = server[1].service.default_model
     direct = Session(model, mem_len=MEM_LEN).score(MOMENTS_TEXT)  # the arrays, in-process
     saved = direct.bits_sliding.astype(float) - direct.bits_with
     assert [m["position"] for m in moments] == (1 + (-saved).argsort(kind="stable")[:5]).tolist()
@@ -409,7 +409,7 @@ def test_score_moments_are_the_top_5_of_direct_per_character_differences(server,
 
 
 def test_watch_it_prompt_is_the_text_before_the_moment(server):
-    """Server.score_moments / moment_prompt: after a Score, the view and the choices of
+    """ScoreTab.score_moments / moment_prompt: after a Score, the view and the choices of
     its moments; a moment's prompt is the text before it, at the Score's mem_len, and a
     Session started on it predicts that very character as the Score did."""
     txl_app = server[1]
@@ -471,10 +471,10 @@ def test_score_skips_the_sliding_window_of_long_texts(server, client, monkeypatc
     assert numbers["seconds"]["sliding_window"] is None
     assert math.isfinite(numbers["bpc"]["memory"]) and "sliding window is computed" in summary
     assert numbers["moments"] is None  # no window: no moments, and nothing to watch
-    state = server[1].ensure(None)
-    *_, last = server[1].score(SCORE_TEXT, MEM_LEN, state)
+    state = server[1].service.ensure(None)
+    *_, last = server[1].score.score(SCORE_TEXT, MEM_LEN, state)
     assert last[2]["moments"] is None and state.scored is None
-    view, choices = server[1].score_moments(state)
+    view, choices = server[1].score.score_moments(state)
     assert view is None and choices.choices == []
 
 
@@ -497,7 +497,7 @@ def test_score_streams_its_stages_and_ends_with_the_direct_sliding_window(server
         "context_sweep" in (out[2] or {}) for out in stages[1:-1] if isinstance(out[2], dict)
     )
     numbers = stages[-1][2]
-    model = server[1].default_model
+    model = server[1].service.default_model
     ids = torch.tensor(model.tokenizer.encode(text))
     direct = (sliding_nll(model, ids, SEG_LEN) / math.log(2)).mean().item()
     assert numbers["bpc"]["sliding_window"] == pytest.approx(direct, abs=1e-3)

@@ -109,7 +109,7 @@ def test_anatomy_returns_the_profiles_and_both_figures(server, client):
         assert Path(figure["path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert numbers["tokens"] == len(TEXT) and numbers["mem_len"] == MEM_LEN
     # the same numbers as txl.anatomy on the app's model
-    model = server[1].default_model
+    model = server[1].service.default_model
     direct = anatomy.profiles(model, model.tokenizer.encode(TEXT), MEM_LEN)
     np.testing.assert_allclose(numbers["attention"], direct.attention, atol=2e-6)
     np.testing.assert_allclose(numbers["terms"]["b"], direct.terms[1], atol=2e-6)

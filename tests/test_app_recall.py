@@ -68,7 +68,7 @@ def mean(xs) -> float:
 @pytest.mark.parametrize("mem_len", [MEM_LEN, 100])
 def test_every_row_equals_direct_forwards_of_its_text(server, client, mem_len):
     plot, sentence, numbers = recall(client, mem_len=mem_len)
-    model = server[1].default_model
+    model = server[1].service.default_model
     rows = numbers["rows"]
     assert [r["distance"] for r in rows] == list(DISTANCES)
     assert numbers["mem_len"] == mem_len and numbers["window"] == SEG_LEN
@@ -115,7 +115,7 @@ def test_bad_input_gives_its_message_and_changes_nothing(
     assert step(client)[0][:-1] == text  # the session's text and memory as they were
     if mem_len >= 0 and mem_len <= 2048:  # the page's check before /recall: the same words
         with pytest.raises(gr.Error, match=message.split(":")[0]):
-            server[1].recall_click(name, filler, mem_len, None)
+            server[1].recall.recall_click(name, filler, mem_len, None)
 
 
 def test_watch_it_prompt_makes_one_step_predict_the_first_scored_letter(server, client):

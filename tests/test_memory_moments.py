@@ -1,4 +1,5 @@
-"""Where memory matters (txl/moments.py, scripts/find_memory_moments.py, webapp/tabs/watch_examples.py):
+"""Where memory matters (txl/moments.py, scripts/find_memory_moments.py,
+webapp/tabs/watch_examples.py):
 the shipped passages' figures recomputed on the bundled model by plain forwards; the
 selection (largest saving first, passages disjoint) on synthetic arrays and on a tiny
 model against direct reads; the Watch tab's examples through the app."""

@@ -268,7 +268,7 @@ def client(app_server):
 
 
 def test_step_summary_and_view_carry_the_predictions(client, app_server):
-    model = TransformerXL.from_pretrained(app_server[1].default_source).double().eval()
+    model = TransformerXL.from_pretrained(app_server[1].service.default_source).double().eval()
     client.predict(prompt=PROMPT, n_tokens=30, **settings(), api_name="/generate")
     out = client.predict(prompt=PROMPT, **settings(), api_name="/step")
     text, summary, view = out[0], out[5], out[6]

@@ -75,13 +75,12 @@ class ScoreTab:
         ``predict`` returns the last. The work runs as a long job (webapp/longwork.py): two
         threads when the cores are free and two pay, paused for other visitors' Steps,
         cancelled by this session's next Score or when the visitor leaves."""
+        self.score_check(text, state)  # before ensure: the model is the same either way
         state = self.service.ensure(state)
-        self.score_check(text, state)
         text = text or ""
         with user_errors():
-            mem_len = min(
-                as_int("mem_len", mem_len, 0, MAX_MEM_LEN), self.service.mem_cap(state.model)
-            )
+            mem_len = as_int("mem_len", mem_len, 0, MAX_MEM_LEN)
+            mem_len = min(mem_len, self.service.mem_cap(state.model))
             scorer = Session(state.model, mem_len=mem_len)  # the user's text stays untouched
         sliding = len(text) <= MAX_SLIDING_CHARS
         unit, seg_len = scorer.tokenizer.unit, scorer.seg_len

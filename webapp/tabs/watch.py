@@ -376,7 +376,7 @@ class WatchTab:
                     )
                 with gr.Accordion("Last step (JSON)", open=False):
                     # Drawn by webapp/web/summary.js, only while open: the page's Step sends
-                    # it packed (viz.packed), one JSON string that a gr.JSON cannot show.
+                    # it packed (figures.packed), one JSON string that a gr.JSON cannot show.
                     ui["summary"] = gr.HTML(
                         None,
                         html_template=SUMMARY_TEMPLATE,
