@@ -62,6 +62,23 @@ def figure(spec: dict) -> go.Figure:
         return go.Figure(spec)
 
 
+def chart(title: str, data: list, xaxis: dict, yaxis: dict, height: int, **layout) -> go.Figure:
+    """A chart of the tabs' one look: a small title, the legend in a row under the plot,
+    hover on the nearest point, the page's background. ``layout``: the rest (shapes,
+    annotations), or a key of these to replace (``margin``, ``legend``)."""
+    base = {
+        "title": {"text": title, "font": {"size": 13}},
+        "xaxis": xaxis,
+        "yaxis": yaxis,
+        "height": height,
+        "margin": {"l": 10, "r": 10, "t": 50, "b": 40},
+        "legend": {"orientation": "h", "y": -0.25},
+        "hovermode": "closest",
+        **TRANSPARENT,
+    }
+    return figure({"data": data, "layout": {**base, **layout}})
+
+
 def rounded(x, decimals: int = 4) -> list:
     """An array as nested lists of floats rounded to ``decimals``: JSON for the page."""
     return np.round(np.asarray(x, dtype=np.float64), decimals).tolist()

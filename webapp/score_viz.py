@@ -17,8 +17,7 @@ from .figures import (
     MEMORY_COLOR,
     SEGMENTS_COLOR,
     SLIDING_COLOR,
-    TRANSPARENT,
-    figure,
+    chart,
     visible_char,
     visible_text,
 )
@@ -128,21 +127,15 @@ def surprisal_figure(
         if np.isfinite(bpc_with)
         else "Surprisal per character"
     )
-    return figure(
-        {
-            "data": data,
-            "layout": {
-                "title": {"text": title, "font": {"size": 13}},
-                "xaxis": {"title": {"text": "character position in the text"}},
-                "yaxis": {"title": {"text": "surprisal (bits)"}, "rangemode": "tozero"},
-                "shapes": shapes,
-                "height": 400,
-                "margin": {"l": 10, "r": 10, "t": 64, "b": 40},
-                "legend": {"orientation": "h", "y": -0.2},
-                "hovermode": "closest",
-                **TRANSPARENT,
-            },
-        }
+    return chart(
+        title,
+        data,
+        xaxis={"title": {"text": "character position in the text"}},
+        yaxis={"title": {"text": "surprisal (bits)"}, "rangemode": "tozero"},
+        height=400,
+        shapes=shapes,
+        margin={"l": 10, "r": 10, "t": 64, "b": 40},
+        legend={"orientation": "h", "y": -0.2},
     )
 
 
@@ -368,26 +361,18 @@ def context_figure(sweep, unit: str = "character", sliding_bpc: float | None = N
                 "hoverinfo": "skip",
             }
         )
-    return figure(
-        {
-            "data": data,
-            "layout": {
-                "title": {"text": "How far back does it read?", "font": {"size": 13}},
-                "xaxis": {
-                    "title": {"text": f"memory length ({unit}s, log scale)"},
-                    "tickvals": x,
-                    "ticktext": [f"{n:,}" for n in lengths],
-                },
-                "yaxis": {"title": {"text": f"bits per {unit}"}},
-                "shapes": shapes,
-                "annotations": annotations,
-                "height": 340,
-                "margin": {"l": 10, "r": 10, "t": 50, "b": 40},
-                "legend": {"orientation": "h", "y": -0.25},
-                "hovermode": "closest",
-                **TRANSPARENT,
-            },
-        }
+    return chart(
+        "How far back does it read?",
+        data,
+        xaxis={
+            "title": {"text": f"memory length ({unit}s, log scale)"},
+            "tickvals": x,
+            "ticktext": [f"{n:,}" for n in lengths],
+        },
+        yaxis={"title": {"text": f"bits per {unit}"}},
+        height=340,
+        shapes=shapes,
+        annotations=annotations,
     )
 
 

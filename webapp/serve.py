@@ -321,9 +321,8 @@ class DemoService:
         if state is not None:
             state.last_used = time.monotonic()
             return state
-        if self.default_model is None:
-            raise gr.Error(f"No model is loaded ({self.load_error}). Load one above.")
-        return self.visitors.add(self.new_state(self.default_source, self.default_model))
+        model = self.model_for(None)  # the default one, or the page's message
+        return self.visitors.add(self.new_state(self.default_source, model))
 
     @contextmanager
     def using(self, state: VisitorState, mem_len=None, steps=0, grows: bool = True):

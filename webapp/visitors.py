@@ -115,12 +115,12 @@ class Visitors:
 
 def _sweep_forever(ref: weakref.ref) -> None:
     """Sweep every ``every`` seconds for as long as the Visitors object lives."""
-    while (sessions := ref()) is not None:
-        every = sessions.every
-        del sessions  # not kept alive by this thread while it sleeps
+    while (visitors := ref()) is not None:
+        every = visitors.every
+        del visitors  # not kept alive by this thread while it sleeps
         time.sleep(every)
-        if (sessions := ref()) is not None:
-            sessions.sweep()
+        if (visitors := ref()) is not None:
+            visitors.sweep()
 
 
 @contextmanager

@@ -25,6 +25,8 @@ from webapp import anatomy_viz
 from webapp.inputs import as_int
 from webapp.serve import DemoService
 
+from .parts import example_texts, mem_len_and_run
+
 MAX_CHARS = 5_000  # ~10 s for the bundled model at mem_len 128 on the shared 2-core machine
 MAX_MEM_LEN = 512  # docs/figures.md's figures: 128 (as trained) and 512
 ALL_HEADS = "all heads"
@@ -82,21 +84,13 @@ class AnatomyTab:
                     label=f"Text (up to {MAX_CHARS:,} characters)",
                     elem_id="anatomy_text",
                 )
-                with gr.Row():
-                    ui["anatomy_mem"] = gr.Slider(
-                        0, MAX_MEM_LEN, value=mem_len, step=1, label="mem_len", min_width=160
-                    )
-                    ui["anatomy_run"] = gr.Button(
-                        "Look inside", variant="primary", elem_id="anatomy_run", min_width=110
-                    )
+                ui["anatomy_mem"], ui["anatomy_run"] = mem_len_and_run(
+                    MAX_MEM_LEN, mem_len, "Look inside", "anatomy_run", min_width=110
+                )
                 ui["anatomy_use_text"] = gr.Button(
                     "Use my text from “Watch the memory”", size="sm", elem_id="anatomy_use_text"
                 )
-                gr.Examples(
-                    [[text] for text in examples.values()],
-                    inputs=[ui["anatomy_text"]],
-                    example_labels=list(examples),
-                )
+                example_texts(ui["anatomy_text"], examples)
                 gr.Markdown(HELP)
             with gr.Column(scale=6, min_width=340):
                 ui["anatomy_status"] = gr.Markdown(

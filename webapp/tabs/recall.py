@@ -25,6 +25,7 @@ from webapp.serve import MAX_MEM_LEN, DemoService
 from webapp.visitors import VisitorState, user_errors
 
 from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_FILLER
+from .parts import check_then_run, mem_len_and_run
 
 MAX_FILLER_CHARS = 20_000  # as the Score's text
 HELP = f"""\
@@ -129,13 +130,9 @@ class RecallTab:
                     label=f"Filler: its first k characters (up to {max(DISTANCES):,}) go between",
                     elem_id="recall_filler",
                 )
-                with gr.Row():
-                    ui["recall_mem"] = gr.Slider(
-                        0, MAX_MEM_LEN, value=mem_len, step=1, label="mem_len", min_width=160
-                    )
-                    ui["recall"] = gr.Button(
-                        "Probe", variant="primary", elem_id="recall_btn", min_width=90
-                    )
+                ui["recall_mem"], ui["recall"] = mem_len_and_run(
+                    MAX_MEM_LEN, mem_len, "Probe", "recall_btn"
+                )
                 gr.Markdown(HELP)
             with gr.Column(scale=6, min_width=300):
                 ui["recall_md"] = gr.Markdown(elem_id="recall_summary")
@@ -161,20 +158,9 @@ class RecallTab:
         tab, its prompt the chosen probe up to the first scored letter, memory on at the
         probe's mem_len. A Load of another model sets mem_len to that model's."""
         inputs = [ui["recall_name"], ui["recall_filler"], ui["recall_mem"], state]
-        ui["recall"].click(
-            self.recall_click,
-            inputs,
-            None,
-            show_progress="hidden",
-            api_visibility="private",
-            concurrency_limit=None,  # a check of the inputs, quick: never waits for a slot
-        ).success(
-            self.recall,
-            inputs,
-            [ui["recall_plot"], ui["recall_md"], ui["recall_numbers"], state],
-            api_name="recall",
-            trigger_mode="multiple",
-            concurrency_limit=2,  # probes pace themselves beside Steps (webapp/longwork.py)
+        outputs = [ui["recall_plot"], ui["recall_md"], ui["recall_numbers"], state]
+        check_then_run(
+            ui["recall"], self.recall_click, inputs, self.recall, inputs, outputs, "recall"
         )
 
         def watch(name, filler, distance, mem_len, state):

@@ -27,6 +27,7 @@ from webapp.serve import MAX_MEM_LEN, DemoService, Settings
 from webapp.visitors import VisitorState, user_errors
 
 from .examples import EXAMPLES, ROMEO_AND_JULIET
+from .parts import check_then_run, example_texts, mem_len_and_run, page_view
 from .watch_views import current_views, outputs
 
 MAX_SCORE_CHARS = 20_000
@@ -214,28 +215,19 @@ class ScoreTab:
                     label="Text to score",
                     elem_id="score_text",
                 )
-                with gr.Row():
-                    ui["score_mem"] = gr.Slider(
-                        0, MAX_MEM_LEN, value=mem_len, step=1, label="mem_len", min_width=160
-                    )
-                    ui["score"] = gr.Button(
-                        "Score", variant="primary", elem_id="score_btn", min_width=90
-                    )
-                gr.Examples(
-                    [[text] for text in EXAMPLES.values()],
-                    inputs=[ui["score_text"]],
-                    example_labels=list(EXAMPLES),
+                ui["score_mem"], ui["score"] = mem_len_and_run(
+                    MAX_MEM_LEN, mem_len, "Score", "score_btn"
                 )
+                example_texts(ui["score_text"], EXAMPLES)
                 gr.Markdown(SCORE_HELP)
             with gr.Column(scale=6, min_width=300):
                 ui["score_md"] = gr.Markdown(label="bits per character", elem_id="score_summary")
                 ui["score_plot"] = gr.Plot(
                     show_label=False, label="Surprisal per character", elem_id="score_plot"
                 )
-                ui["moments"] = gr.HTML(
-                    None,
-                    html_template=MOMENTS_TEMPLATE,
-                    js_on_load="TXL.mountMoments(element, props, watch)",
+                ui["moments"] = page_view(
+                    MOMENTS_TEMPLATE,
+                    "mountMoments",
                     label="Where memory mattered",
                     elem_id="moments",
                 )
@@ -287,22 +279,12 @@ class ScoreTab:
             [ui["prompt"], ui["memory"], ui["mem_len"], ui["tabs"], *outputs(ui, state)],
             **private,
         )
-        ui["score"].click(
-            self.score_click,
-            [ui["score_text"], state],
-            None,
-            show_progress="hidden",
-            api_visibility="private",
-            concurrency_limit=None,  # a check of the text, quick: never waits for a slot
-        ).success(
-            self.score,
-            [ui["score_text"], ui["score_mem"], state],
-            score_outputs,
-            api_name="score",
-            trigger_mode="multiple",
-            # Scores pace themselves beside Steps (webapp/longwork.py); a few may run at once.
-            concurrency_limit=2,
-        ).success(self.score_moments, [state], [ui["moments"], ui["moment"]], **private)
+        check = [ui["score_text"], state]
+        score = [ui["score_text"], ui["score_mem"], state]
+        stream = check_then_run(
+            ui["score"], self.score_click, check, self.score, score, score_outputs, "score"
+        )
+        stream.success(self.score_moments, [state], [ui["moments"], ui["moment"]], **private)
 
 
 SCORE_HELP = """\

@@ -5,11 +5,12 @@ current segment, the next-token prediction with and without memory, a step histo
 
     WatchTab(service).build() -> dict of components     .wire(ui, state)
 
-A handler takes the page's inputs one by one (as Gradio passes them, the API's order),
+A handler takes the page's inputs one by one (as Gradio passes them, in the API's order),
 builds a ``Settings`` at once and returns a ``WatchViews``: every event that redraws the tab
-has these eight outputs, in this order. The views come from webapp/watch_viz.py; the
-examples above the prompt from webapp/tabs/watch_examples.py. To add an event: a method
-here that returns a WatchViews (``current_views``), wired in ``wire`` with ``outputs``.
+has these eight outputs, in this order. What the tab shows of a session comes from
+webapp/tabs/watch_views.py (drawn by webapp/watch_viz.py); the examples above the prompt
+from webapp/tabs/watch_examples.py. To add an event: a method here that returns a
+WatchViews (``current_views``), wired in ``wire`` with ``outputs(ui, state)``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from webapp.serve import (
 from webapp.visitors import VisitorState
 
 from . import watch_examples
+from .parts import page_view
 from .watch_views import (
     WatchViews,
     attention_views,
@@ -62,9 +64,9 @@ BUTTONS = [
     ("reset", "stop"),
 ]
 EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
-# The two per-step views: gr.HTML whose value is a dict (webapp.watch_viz.text_view /
-# attention_view) drawn by webapp/web/views.js. The templates do not depend on the value,
-# so Gradio leaves their DOM alone and only the watch() callbacks redraw.
+# The per-step views (parts.page_view): gr.HTML whose value is a dict (webapp.watch_viz's
+# text_view, attention_view, ...) drawn by webapp/web/*.js. The templates do not depend on
+# the value, so Gradio leaves their DOM alone and only the watch() callbacks redraw.
 ATTENTION_TEMPLATE = (
     '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
     'title="Save this view as PNG">⤓ PNG</button></div>'
@@ -81,8 +83,6 @@ TEXT_TEMPLATE = (
     '<div class="txl-textview"><div class="txl-legend"></div><div class="txl-text"></div>'
     '<div class="txl-tip"></div></div>'
 )
-
-
 HEATMAP_HELP = """\
 Rows are layers (or the heads of one layer), columns the keys in text order: \
 **memory** left of the dashed line, the **current segment** right of it (in step-by-step \
@@ -287,17 +287,16 @@ class WatchTab:
                 )
                 # One line, **bold** its only markup (webapp/web/summary.js): a gr.Markdown
                 # parsed and sanitised it anew on every Step.
-                ui["status"] = gr.HTML(
-                    "Memory **on** · nothing generated yet",
-                    html_template=STATUS_TEMPLATE,
-                    js_on_load="TXL.mountStatus(element, props, watch)",
+                ui["status"] = page_view(
+                    STATUS_TEMPLATE,
+                    "mountStatus",
+                    value="Memory **on** · nothing generated yet",
                     label="memory status",
                     elem_id="status",
                 )
-                ui["text_html"] = gr.HTML(
-                    None,
-                    html_template=TEXT_TEMPLATE,
-                    js_on_load="TXL.mountText(element, props, watch)",
+                ui["text_html"] = page_view(
+                    TEXT_TEMPLATE,
+                    "mountText",
                     label="text shaded by attention",
                     max_height=460,
                     autoscroll=True,
@@ -345,19 +344,16 @@ class WatchTab:
                 with gr.Row():
                     ui["layer"] = gr.Dropdown(**layer_choices(c), label="Layer", min_width=140)
                     ui["head"] = gr.Dropdown(**head_choices(c), label="Head", min_width=140)
-                ui["attention"] = gr.HTML(
-                    None,
-                    html_template=ATTENTION_TEMPLATE,
-                    # webapp/web/terms.js: the chosen head's four score terms, under the view
-                    js_on_load="TXL.mountAttention(element, props, watch); "
-                    "TXL.mountTerms(element, props, watch)",
+                ui["attention"] = page_view(
+                    ATTENTION_TEMPLATE,
+                    "mountAttention",
+                    "mountTerms",  # webapp/web/terms.js: the chosen head's four score terms
                     label="Attention of the newest token",
                     elem_id="attention",
                 )
-                ui["predictions"] = gr.HTML(
-                    None,
-                    html_template=PREDICTIONS_TEMPLATE,
-                    js_on_load="TXL.mountPredictions(element, props, watch)",
+                ui["predictions"] = page_view(
+                    PREDICTIONS_TEMPLATE,
+                    "mountPredictions",
                     label="Next-token prediction with and without memory",
                     elem_id="predictions",
                 )
@@ -377,12 +373,8 @@ class WatchTab:
                 with gr.Accordion("Last step (JSON)", open=False):
                     # Drawn by webapp/web/summary.js, only while open: the page's Step sends
                     # it packed (figures.packed), one JSON string that a gr.JSON cannot show.
-                    ui["summary"] = gr.HTML(
-                        None,
-                        html_template=SUMMARY_TEMPLATE,
-                        js_on_load="TXL.mountSummary(element, props, watch)",
-                        label="summary",
-                        elem_id="summary",
+                    ui["summary"] = page_view(
+                        SUMMARY_TEMPLATE, "mountSummary", label="summary", elem_id="summary"
                     )
                 gr.Markdown(HEATMAP_HELP)
         return ui
