@@ -155,10 +155,14 @@ class WatchTab:
         text is empty or the prompt was edited)."""
         started = time.perf_counter()
         settings = Settings(memory, mem_len, temperature, top_k, top_p, seed)
+        return self.step_with(settings, prompt, layer, head, state, started)
+
+    def step_with(self, settings: Settings, prompt, layer, head, state, started=None):
+        """The Step itself, its inputs gathered: /step's, the page's Step's and Play's."""
         service = self.service
         state = service.ensure(state)
         s = state.session
-        with service.using(state, mem_len, steps=1):
+        with service.using(state, settings.mem_len, steps=1):
             service.apply_settings(s, settings)
             if not s.ids or s.prompt != (prompt or ""):
                 service.start_from_prompt(s, prompt)

@@ -11,8 +11,7 @@ from typing import NamedTuple
 
 from txl.model import TransformerXL
 from txl.session import Session, memory_bytes_per_position
-from webapp import anatomy_viz, watch_viz
-from webapp.figures import format_bytes, packed
+from webapp import anatomy_viz, figures, watch_viz
 from webapp.inputs import parse_choice
 from webapp.visitors import VisitorState
 
@@ -36,10 +35,10 @@ class WatchViews(NamedTuple):
         """The page's own Step: the four views' dicts as one JSON string each
         (figures.packed), which the page copies far faster."""
         return self._replace(
-            text_view=packed(self.text_view),
-            attention=packed(self.attention),
-            summary=packed(self.summary),
-            predictions=packed(self.predictions),
+            text_view=figures.packed(self.text_view),
+            attention=figures.packed(self.attention),
+            summary=figures.packed(self.summary),
+            predictions=figures.packed(self.predictions),
         )
 
 
@@ -176,7 +175,7 @@ def model_markdown(source: str, model: TransformerXL, mem_cap: int) -> str:
     if mem_cap < c.mem_len:
         cap = (
             f" · **memory capped at {mem_cap:,} positions per session** "
-            f"({format_bytes(mem_cap * memory_bytes_per_position(model))}, "
+            f"({figures.format_bytes(mem_cap * memory_bytes_per_position(model))}, "
             "TXL_SESSION_MEMORY_MB)"
         )
     return (
