@@ -3,9 +3,10 @@
     python app.py                      # http://127.0.0.1:7860, the bundled model
     TXL_MODEL=org/name python app.py   # a Hub repo id (or another folder)
 
-This file only builds the page and wires events: the text, memory and sampling live in
-``txl.session.Session`` (one per browser session, in ``gr.State``), the figures in
-``webapp.viz``. The model itself is loaded once per source and shared read-only.
+This file composes the page: it builds the one service the tabs share (webapp/serve.py:
+the models, the visitors' states, the memory budget, the long work), hands it to each tab
+(webapp/tabs/: a tab's layout, handlers and events live in its own module), and launches.
+docs/architecture.md is the map.
 
 Environment: TXL_MODEL (model to load first), GRADIO_SERVER_NAME / GRADIO_SERVER_PORT,
 TXL_CONCURRENCY (events run at once, default 4), TXL_MAX_SESSIONS (browser sessions kept,
@@ -34,616 +35,67 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 
 import inspect  # noqa: E402
-import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-from txl import TXLConfig  # noqa: E402
-from txl.hub import TXLLoadError  # noqa: E402
-from txl.session import Session  # noqa: E402
-from webapp import anatomy_viz, viz  # noqa: E402
-from webapp.serve import (  # noqa: E402
-    HISTORY_STEPS,
-    MAX_MEM_LEN,
-    ROOT,
-    Server,
-    UserState,
-    allowed_folder,
-    as_int,
-    display_source,
-    env_int,
-    model_markdown,
-    name_input_errors,
-    parse_choice,
-    resolve_source,
-    user_errors,
-)
-from webapp.tabs import anatomy as anatomy_tab  # noqa: E402
-from webapp.tabs import moments as moments_tab  # noqa: E402
-from webapp.tabs import recall as recall_tab  # noqa: E402
-from webapp.tabs import score as score_tab  # noqa: E402
+from webapp.inputs import name_input_errors  # noqa: E402
+from webapp.serve import ROOT, DemoService, env_int  # noqa: E402
+from webapp.tabs.anatomy import AnatomyTab  # noqa: E402
 from webapp.tabs.examples import EXAMPLES  # noqa: E402
+from webapp.tabs.recall import RecallTab  # noqa: E402
+from webapp.tabs.score import ScoreTab  # noqa: E402
+from webapp.tabs.watch import WatchTab  # noqa: E402
 
-MAX_NEW_TOKENS = 500  # per Generate call
-MAX_SOURCE_CHARS = 256  # the Load box: a Hub id is at most 96 + 1 + 96 characters
-STREAM_EVERY_S = 0.08  # Generate sends the text at most this often
-HEATMAP_COLUMNS = 160  # more keys than this are summed into buckets (mem_len 128 + 1 fits)
-ALL_LAYERS, MEAN_HEADS = "all layers", "mean over heads"
-
-BUTTONS = [
-    ("generate", "primary"),
-    ("continue", "secondary"),
-    ("step", "secondary"),
-    ("play", "secondary"),
-    ("reset", "stop"),
-]
-EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
-# The two per-step views: gr.HTML whose value is a dict (webapp.viz.text_view /
-# attention_view) drawn by webapp/web/views.js. The templates do not depend on the value,
-# so Gradio leaves their DOM alone and only the watch() callbacks redraw.
 WEB = ROOT / "webapp" / "web"
 # views.js first (it defines window.TXL); each other file adds its own views to TXL.
 # Put in the page's <head> once, by launch() beside the CSS, for every view that mounts.
 WEB_SCRIPTS = [WEB / "views.js"] + sorted(p for p in WEB.glob("*.js") if p.name != "views.js")
 VIEWS_HEAD = "".join(f"<script>{p.read_text()}</script>" for p in WEB_SCRIPTS)
-ATTENTION_TEMPLATE = (
-    '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
-    'title="Save this view as PNG">⤓ PNG</button></div>'
-    f'<div class="txl-empty">{EMPTY_HEATMAP}</div>'
-    '<canvas></canvas><div class="txl-tip"></div></div><div class="txl-terms"></div>'
-)
-PREDICTIONS_TEMPLATE = (
-    '<div class="txl-pred"><div class="txl-empty">Step or Generate to see the next-token '
-    'prediction with and without memory.</div><div class="txl-pred-body"></div></div>'
-)
-SUMMARY_TEMPLATE = '<pre class="txl-summary"></pre>'
-STATUS_TEMPLATE = '<div class="txl-status"></div>'
-TEXT_TEMPLATE = (
-    '<div class="txl-textview"><div class="txl-legend"></div><div class="txl-text"></div>'
-    '<div class="txl-tip"></div></div>'
-)
 
 
-class TXLApp(Server):
-    """The page and its handlers (small: they call Session and webapp.viz)."""
+class Demo:
+    """The page's parts: the shared service, and one object per tab that holds it (the
+    tab's handlers). ``build`` lays the tabs out and wires them."""
 
-    # -- views --
+    def __init__(self, service: DemoService):
+        self.service = service
+        self.watch = WatchTab(service)
+        self.score = ScoreTab(service)
+        self.recall = RecallTab(service)
+        self.anatomy = AnatomyTab(service)
 
-    def text_views(self, s: Session, layer=None, head=None) -> tuple[str, dict, str]:
-        """(plain text, the text view's data, status line) of the session now: each
-        character shaded by the newest token's attention when the last step is fresh."""
-        info = s.memory_info()
-        t, n = s.last_trace, len(s.ids)
-        fresh = (
-            t is not None
-            and t.position == n - 1
-            and t.memory == info["memory"]
-            and t.memory_tokens == info["tokens"]
-        )
-        window = s.seg_len  # what a model without memory sees: the window line
-        roles = (
-            viz.roles_from_trace(n, t, window) if fresh else viz.roles_from_info(n, info, window)
-        )
-        layer, head = self.view_choice(s, layer, head)
-        unit = s.tokenizer.unit
-        shaded = t if fresh and t.attentions is not None else None
-        effect = s.memory_effect
-        view = viz.text_view(
-            s.pieces,
-            roles,
-            shaded,
-            layer,
-            head,
-            info["memory"],
-            unit=unit,
-            effect=effect,
-            window=window,
-        )
-        latency = t.latency_ms if fresh else None
-        share = viz.beyond_window_share(shaded, window, layer, head)
-        beyond = None if share is None else (share, window, viz.choice_words(layer, head))
-        status = viz.status_markdown(
-            info, n, latency, unit=unit, saved=effect.bits_saved(), beyond=beyond
-        )
-        return s.text, view, status
-
-    @staticmethod
-    def view_choice(s: Session, layer, head) -> tuple[int | None, int | None]:
-        c = s.model.config
-        return parse_choice(layer, "layer", c.n_layer), parse_choice(head, "head", c.n_head)
-
-    def attention_views(self, state: UserState, layer, head):
-        """(attention view's data, step summary) of the last step."""
-        s, t = state.session, state.session.last_trace
-        if t is None or t.attentions is None:
-            return None, None
-        layer, head = self.view_choice(s, layer, head)
-        # One layer and one head chosen: its four score terms, as strips and in the summary.
-        terms = anatomy_viz.step_terms(t, layer, head, s.model.layers[0].attn.scale)
-        unit = s.tokenizer.unit
-        view = viz.attention_view(
-            t, s.pieces, layer, head, HEATMAP_COLUMNS, unit, terms=terms, window=s.seg_len
-        )
-        return view, viz.step_summary(t, s.memory_info(), far=s.seg_len, terms=terms)
-
-    @staticmethod
-    def predictions_view(s: Session, t=None, history=None) -> dict | None:
-        """The bars' data (webapp/web/predictions.js): step ``t``'s prediction with and
-        without memory (the last step when None)."""
-        t = s.last_trace if t is None else t
-        return viz.predictions_view(t, s.seg_len, s.tokenizer.unit, history)
-
-    def all_views(self, state: UserState, layer, head, started: float | None = None):
-        text, text_view, status = self.text_views(state.session, layer, head)
-        status += self.restore_note(state)
-        attention, summary = self.attention_views(state, layer, head)
-        predictions = self.predictions_view(state.session)
-        if summary is not None and started is not None:
-            summary["handler_ms"] = round((time.perf_counter() - started) * 1e3, 2)
-        # The history slider goes back to the newest step.
-        return text, text_view, status, attention, 0, summary, predictions, state
-
-    def past_views(self, state: UserState, back: int, layer, head) -> tuple[dict, dict | None]:
-        """(text view, attention view) of the step ``back`` steps ago, the text as it was."""
-        s = state.session
-        t = s.past_trace(back)
-        if t is None or (back == 0 and s.last_trace is not None):
-            _, text_view, _ = self.text_views(s, layer, head)
-            return text_view, self.attention_views(state, layer, head)[0]
-        layer, head = self.view_choice(s, layer, head)
-        pieces, n = s.pieces[: t.position + 1], t.position + 1
-        window = s.seg_len
-        roles = viz.roles_from_trace(n, t, window)
-        unit = s.tokenizer.unit
-        text_view = viz.text_view(
-            pieces,
-            roles,
-            t,
-            layer,
-            head,
-            t.memory,
-            unit=unit,
-            effect=s.memory_effect,
-            window=window,
-        )
-        steps_back = min(back, len(s.history) - 1)  # past_trace clamps the same way
-        history = (steps_back, len(s.history))
-        attention = viz.attention_view(
-            t, pieces, layer, head, HEATMAP_COLUMNS, unit, history=history, window=window
-        )
-        return text_view, attention
-
-    # -- public events --
-
-    def generate(
-        self,
-        prompt,
-        n_tokens,
-        memory,
-        mem_len,
-        temperature,
-        top_k,
-        top_p,
-        seed,
-        layer,
-        head,
-        state,
-        fresh=True,
-    ):
-        """Write n_tokens characters after the prompt (streaming), starting over from the
-        prompt with the seed: the same arguments give the same text."""
-        state = self.ensure(state)
-        s = state.session
-        with self.using(state, mem_len, steps=n_tokens):
-            n = as_int("n_tokens", n_tokens, 1, MAX_NEW_TOKENS)
-            self.apply_settings(s, memory, mem_len, temperature, top_k, top_p, seed)
-            if fresh or not s.ids or s.prompt != (prompt or ""):
-                self.start(s, prompt)
-            self.check_room(s)
-            last = time.perf_counter()
-            # Every step captures its attention: the views stream with the text, and
-            # the history can show any of the steps afterwards.
-            for i, _ in enumerate(s.generate(n, capture_last_only=False)):
-                if i < n - 1 and time.perf_counter() - last > STREAM_EVERY_S:
-                    last = time.perf_counter()
-                    text, text_view, status = self.text_views(s, layer, head)
-                    attention, summary = self.attention_views(state, layer, head)
-                    predictions = self.predictions_view(s)
-                    yield text, text_view, status, attention, 0, summary, predictions, state
-            started = time.perf_counter()
-            yield self.all_views(state, layer, head, started)
-
-    def continue_(
-        self, prompt, n_tokens, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
-    ):
-        """Generate n_tokens more characters after the text so far."""
-        yield from self.generate(
-            prompt,
-            n_tokens,
-            memory,
-            mem_len,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            layer,
-            head,
-            state,
-            fresh=False,
-        )
-
-    def step(self, prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state):
-        """One more character after the text so far (starting from the prompt when the
-        text is empty or the prompt was edited)."""
-        started = time.perf_counter()
-        state = self.ensure(state)
-        s = state.session
-        with self.using(state, mem_len, steps=1):
-            self.apply_settings(s, memory, mem_len, temperature, top_k, top_p, seed)
-            if not s.ids or s.prompt != (prompt or ""):
-                self.start(s, prompt)
-            self.check_room(s)
-            # The four score terms (~20 % of a step) only when the view shows them: one head.
-            # After Watch it (the Score tab), the Step writes the moment's own character.
-            terms = None not in self.view_choice(s, layer, head)
-            s.step(terms=terms, token=self.replayed_token(state, prompt))
-            return self.all_views(state, layer, head, started)
-
-    def step_page(
-        self, prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
-    ):
-        """The page's own Step (and Play's): /step's outputs, the four views' dicts
-        packed as one JSON string each (viz.packed), which the page copies far faster."""
-        text, text_view, status, attention, history, summary, predictions, state = self.step(
-            prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
-        )
-        views = (viz.packed(v) for v in (text_view, attention, summary, predictions))
-        text_view, attention, summary, predictions = views
-        return text, text_view, status, attention, history, summary, predictions, state
-
-    def reset(self, state):
-        """Forget the text and the memory (the settings stay)."""
-        state = self.ensure(state)
-        with self.using(state, grows=False):
-            state.session.reset()
-            return self.all_views(state, None, None)
-
-    def load_model(self, source, state, progress=gr.Progress()):  # noqa: B008 (Gradio's way)
-        """Load a model (a folder or a Hub repo id) for this browser session only; on
-        failure the current model stays."""
-        source = (source or "").strip()
-        if not source:
-            raise gr.Error("Type a folder or a Hub repo id like 'org/name'.")
-        if len(source) > MAX_SOURCE_CHARS:
-            raise gr.Error(
-                f"Could not load the model, keeping the current one. The source is "
-                f"{len(source):,} characters: a Hub repo id is 'org/name' (at most 96 "
-                f"characters each) and a folder path at most {MAX_SOURCE_CHARS}."
-            )
-        progress(0.0, desc=f"loading {source}")
-        try:
-            if not allowed_folder(resolve_source(source), self.model_dirs):
-                raise TXLLoadError(
-                    f"{source!r} is a folder outside the ones this app may read models from "
-                    "(set TXL_MODEL_DIRS to allow it); a Hub repo id looks like 'org/name'"
-                )
-            model = self.cache.get(source, progress)
-        except TXLLoadError as e:
-            raise gr.Error(f"Could not load the model, keeping the current one. {e}") from None
-        new = self.new_state(resolve_source(source), model)
-        if state is None or state.expired:
-            state = self.sessions.add(new)
-        else:  # the same UserState, so that a Generate still running cannot bring back
-            with user_errors(state):  # the old model when it ends; settings are kept
-                old, s = state.session, new.session
-                s.temperature, s.top_k, s.top_p = old.temperature, old.top_k, old.top_p
-                s.set_seed(old.seed)
-                s.set_memory(old.memory)
-                state.source, state.session = new.source, s
-        progress(1.0, desc="ready")
-        c = model.config
-        return (
-            model_markdown(source, model, self.mem_cap(model)),
-            *self.all_views(state, None, None),
-            gr.Dropdown(**layer_choices(c)),
-            gr.Dropdown(**head_choices(c)),
-            gr.Slider(value=state.session.mem_len),
-            gr.Slider(value=state.session.mem_len),
-        )
-
-    # -- private events --
-
-    def settings_changed(
-        self, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
-    ):
-        """Memory switched on/off or its length changed: rebuild and redraw the text."""
-        if state is None:  # nothing generated yet: the settings apply at the first step
-            return gr.skip(), gr.skip(), state
-        with self.using(state, mem_len):
-            self.apply_settings(state.session, memory, mem_len, temperature, top_k, top_p, seed)
-            _, text_view, status = self.text_views(state.session, layer, head)
-            return text_view, status + self.restore_note(state), state
-
-    def redraw(self, back, layer, head, state):
-        """Layer or head changed, or the history slider moved: both views again, of the
-        step the slider shows (0: the newest; -k: k steps back)."""
-        if state is None or state.expired:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        with self.using(state, grows=False):  # the history may be on disk
-            back = -as_int("history", back, -HISTORY_STEPS, 0)
-            return *self.past_views(state, back, layer, head), *self.past_step(state, back)
-
-    def past_step(self, state: UserState, back: int) -> tuple[dict | None, dict | None]:
-        """(step summary, predictions view) of the step ``back`` steps ago."""
-        s = state.session
-        t = s.last_trace if back == 0 and s.last_trace is not None else s.past_trace(back)
-        if t is None:
-            return None, None
-        history = None if t is s.last_trace else (min(back, len(s.history) - 1), len(s.history))
-        summary = viz.step_summary(t, far=s.seg_len)
-        return summary, self.predictions_view(s, t, history)
-
-    def export(self, state):
-        """The last step's attention as a JSON file."""
-        t = state.session.last_trace if state is not None else None
-        if t is None or t.attentions is None:
-            gr.Warning("Nothing to export yet: Step or Generate first.")
-            return gr.File(value=None, visible=False)
-        for old in self.export_dir.glob("*.json"):  # keep the folder small
-            if time.time() - old.stat().st_mtime > 600:
-                old.unlink(missing_ok=True)
-        path = self.export_dir / f"attention-pos{t.position}-{time.time_ns()}.json"
-        export = viz.attention_export(t, state.session.pieces)
-        path.write_text(json.dumps(export, ensure_ascii=False))
-        return gr.File(value=str(path), visible=True)
-
-    # -- the page --
+    @classmethod
+    def serving(cls, *args, **kwargs) -> Demo:
+        """A Demo on a new DemoService (``DemoService``'s arguments: the default model's
+        source, model_dirs, a budget...)."""
+        return cls(DemoService(*args, **kwargs))
 
     def build(self) -> gr.Blocks:
-        """The page: a header, the "Watch the memory" tab, the "Does memory help?" tab."""
-        ttl = self.sessions.ttl
+        """The page: a header and four tabs, each laid out, then wired (a tab's events may
+        reach another tab's components: Watch it, the Load box's mem_len)."""
+        visitors = self.service.visitors
         with gr.Blocks(title="Transformer-XL memory", delete_cache=(600, 3600)) as demo:
-            state = gr.State(None, time_to_live=ttl, delete_callback=self.sessions.release)
+            state = gr.State(None, time_to_live=visitors.ttl, delete_callback=visitors.release)
             gr.Markdown(HEADER, elem_id="header")
             with gr.Tabs(elem_id="tabs") as tabs:
                 with gr.Tab("Watch the memory", id="watch"):
-                    ui = self.watch_tab()
+                    ui = self.watch.build()
                 with gr.Tab("Does memory help?", id="score"):
-                    ui.update(score_tab.build(self))
+                    ui.update(self.score.build())
                 with gr.Tab("How far back can it recall?", id="recall"):
-                    ui.update(recall_tab.build(self))
+                    ui.update(self.recall.build())
                 with gr.Tab("Inside the attention", id="anatomy"):
-                    ui.update(anatomy_tab.build(self, EXAMPLES))
-            ui["tabs"] = tabs  # Watch it (the Score tab) switches to the Watch tab
-            self.wire(ui, state)
-            anatomy_tab.wire(self, ui, state)
-            recall_tab.wire(self, ui, state)  # /recall
-            moments_tab.wire(self, ui, state)  # the Watch tab's examples
-            # the tabs' sliders
+                    ui.update(self.anatomy.build(EXAMPLES))
+            ui["tabs"] = tabs  # Watch it (the Score and Recall tabs) switches to the Watch tab
+            for tab in (self.watch, self.score, self.recall, self.anatomy):
+                tab.wire(ui, state)
+            # Every number and checkbox refuses a bad value by its API name.
             api_names = {"score_mem": "mem_len", "anatomy_mem": "mem_len", "recall_mem": "mem_len"}
             name_input_errors((api_names.get(k, k), c) for k, c in ui.items())
         return demo
-
-    def watch_tab(self) -> dict:
-        """Model source, prompt and buttons, settings, the text (left), attention (right)."""
-        c = self.default_model.config if self.default_model else TXLConfig(vocab=["a"])
-        mem_len = self.start_mem_len(self.default_model) if self.default_model else c.mem_len
-        ui = {}
-        with gr.Row():
-            shown = display_source(self.default_source)
-            ui["source"] = gr.Textbox(
-                shown, label="Model: a folder or a Hub repo id", scale=4, elem_id="source"
-            )
-            ui["load"] = gr.Button("Load", scale=1, min_width=90, elem_id="load")
-        notice = f"\n\n⚠️ {self.load_notice}" if self.load_notice else ""
-        ui["model_info"] = gr.Markdown(
-            self.model_info() + notice, label="model", elem_id="model-info"
-        )
-        with gr.Row(elem_id="main-row"):
-            with gr.Column(scale=5, min_width=340, elem_id="left"):
-                # The examples where memory matters, what to look at, and the prompt.
-                ui.update(moments_tab.build(self))
-                with gr.Row():
-                    for name, variant in BUTTONS:
-                        ui[name] = gr.Button(
-                            name.title(), variant=variant, elem_id=name, min_width=70, size="md"
-                        )
-                ui["step_api"] = gr.Button("Step", visible=False, elem_id="step_api")
-                ui["n_tokens"] = gr.Slider(
-                    1,
-                    MAX_NEW_TOKENS,
-                    value=120,
-                    step=1,
-                    label="Characters to generate",
-                    elem_id="n_tokens",
-                )
-                # One line, **bold** its only markup (webapp/web/summary.js): a gr.Markdown
-                # parsed and sanitised it anew on every Step.
-                ui["status"] = gr.HTML(
-                    "Memory **on** · nothing generated yet",
-                    html_template=STATUS_TEMPLATE,
-                    js_on_load="TXL.mountStatus(element, props, watch)",
-                    label="memory status",
-                    elem_id="status",
-                )
-                ui["text_html"] = gr.HTML(
-                    None,
-                    html_template=TEXT_TEMPLATE,
-                    js_on_load="TXL.mountText(element, props, watch)",
-                    label="text shaded by attention",
-                    max_height=460,
-                    autoscroll=True,
-                    elem_id="text",
-                )
-                with gr.Accordion("Memory and sampling", open=True):
-                    with gr.Row():
-                        ui["memory"] = gr.Checkbox(
-                            True, label="Memory (Transformer-XL)", elem_id="memory", min_width=160
-                        )
-                        ui["mem_len"] = gr.Slider(
-                            0,
-                            MAX_MEM_LEN,
-                            value=mem_len,
-                            step=1,
-                            label="mem_len",
-                            elem_id="mem_len",
-                            min_width=160,
-                        )
-                    with gr.Row():
-                        ui["temperature"] = gr.Slider(
-                            0,
-                            2,
-                            value=0.8,
-                            step=0.05,
-                            min_width=120,
-                            label="temperature (0 = greedy)",
-                        )
-                        ui["top_k"] = gr.Slider(
-                            0, 100, value=0, step=1, min_width=120, label="top-k (0 = off)"
-                        )
-                        ui["top_p"] = gr.Slider(
-                            0.05, 1, value=1.0, step=0.05, label="top-p", min_width=120
-                        )
-                        ui["seed"] = gr.Number(0, precision=0, label="seed", min_width=90)
-                with gr.Accordion("Plain text", open=False):
-                    ui["text_out"] = gr.Textbox(
-                        label="Text so far",
-                        lines=6,
-                        interactive=False,
-                        buttons=["copy"],
-                        elem_id="text_out",
-                    )
-            with gr.Column(scale=6, min_width=340, elem_id="right"):
-                with gr.Row():
-                    ui["layer"] = gr.Dropdown(**layer_choices(c), label="Layer", min_width=140)
-                    ui["head"] = gr.Dropdown(**head_choices(c), label="Head", min_width=140)
-                ui["attention"] = gr.HTML(
-                    None,
-                    html_template=ATTENTION_TEMPLATE,
-                    # webapp/web/terms.js: the chosen head's four score terms, under the view
-                    js_on_load="TXL.mountAttention(element, props, watch); "
-                    "TXL.mountTerms(element, props, watch)",
-                    label="Attention of the newest token",
-                    elem_id="attention",
-                )
-                ui["predictions"] = gr.HTML(
-                    None,
-                    html_template=PREDICTIONS_TEMPLATE,
-                    js_on_load="TXL.mountPredictions(element, props, watch)",
-                    label="Next-token prediction with and without memory",
-                    elem_id="predictions",
-                )
-                ui["history"] = gr.Slider(
-                    -(HISTORY_STEPS - 1),
-                    0,
-                    value=0,
-                    step=1,
-                    label="Step history: 0 = the newest step, -k = k steps back",
-                    elem_id="history",
-                )
-                with gr.Row():
-                    ui["export"] = gr.Button("Export attention (JSON)", size="sm", elem_id="export")
-                    ui["export_file"] = gr.File(
-                        label="attention.json", visible=False, elem_id="export_file"
-                    )
-                with gr.Accordion("Last step (JSON)", open=False):
-                    # Drawn by webapp/web/summary.js, only while open: the page's Step sends
-                    # it packed (viz.packed), one JSON string that a gr.JSON cannot show.
-                    ui["summary"] = gr.HTML(
-                        None,
-                        html_template=SUMMARY_TEMPLATE,
-                        js_on_load="TXL.mountSummary(element, props, watch)",
-                        label="summary",
-                        elem_id="summary",
-                    )
-                gr.Markdown(HEATMAP_HELP)
-        return ui
-
-    def wire(self, ui: dict, state: gr.State) -> None:
-        """Events: five public endpoints, the rest private."""
-        settings = [ui[k] for k in ("memory", "mem_len", "temperature", "top_k", "top_p", "seed")]
-        view = [ui["layer"], ui["head"]]
-        views = [ui[k] for k in ("text_out", "text_html", "status", "attention", "history")]
-        views.append(ui["summary"])
-        views.append(ui["predictions"])  # a new output goes here: the state stays last
-        views.append(state)
-        gen_inputs = [ui["prompt"], ui["n_tokens"], *settings, *view, state]
-        model = dict(concurrency_id="model")  # Generate, Continue and Step share a limit
-
-        ui["generate"].click(self.generate, gen_inputs, views, api_name="generate", **model)
-        step_inputs = [ui["prompt"], *settings, *view, state]
-        # /step for API clients: the views as plain dicts. Its trigger is a button the page
-        # never shows; the page's Step button runs step_page, the same outputs packed.
-        ui["step_api"].click(self.step, step_inputs, views, api_name="step", **model)
-        ui["step"].click(
-            self.step_page,
-            step_inputs,
-            views,
-            api_visibility="private",
-            show_progress="hidden",  # Play clicks Step several times a second
-            # Play's next click can come before Gradio marks this one done: run it after,
-            # rather than drop it (the default for buttons).
-            trigger_mode="always_last",
-            **model,
-        )
-        # Play runs in the page (webapp/web/views.js): Step after Step, no loop on the server.
-        ui["play"].click(None, js="() => { TXL.togglePlay(); }")
-        ui["reset"].click(self.reset, [state], views, api_name="reset")
-        score_tab.wire(self, ui, state, views)  # /score, and Watch it
-        ui["load"].click(
-            self.load_model,
-            [ui["source"], state],
-            [ui["model_info"], *views, *view, ui["mem_len"], ui["score_mem"]],
-            api_name="load_model",
-            concurrency_limit=2,
-            show_progress="full",
-        )
-
-        private = dict(api_visibility="private")
-        ui["continue"].click(
-            self.continue_,
-            gen_inputs,
-            views,
-            api_name="continue",
-            api_visibility="undocumented",
-            **model,
-        )
-        for event in (ui["memory"].change, ui["mem_len"].release):
-            event(
-                self.settings_changed,
-                [*settings, *view, state],
-                [ui["text_html"], ui["status"], state],
-                **private,
-            )
-        redraw = [ui["history"], *view, state]
-        # The slider's input event: the user's own moves only (a Step setting it back to 0
-        # sends none), live while dragging; always_last skips the positions passed over.
-        for event in (ui["layer"].change, ui["head"].change, ui["history"].input):
-            event(
-                self.redraw,
-                redraw,
-                [ui["text_html"], ui["attention"], ui["summary"], ui["predictions"]],
-                trigger_mode="always_last",
-                show_progress="hidden",
-                **private,
-            )
-        ui["export"].click(self.export, [state], [ui["export_file"]], **private)
-
-
-def layer_choices(config: TXLConfig) -> dict:
-    return dict(
-        choices=[ALL_LAYERS] + [f"layer {i}" for i in range(config.n_layer)], value=ALL_LAYERS
-    )
-
-
-def head_choices(config: TXLConfig) -> dict:
-    return dict(
-        choices=[MEAN_HEADS] + [f"head {i}" for i in range(config.n_head)], value=MEAN_HEADS
-    )
 
 
 def launch(demo: gr.Blocks, **kwargs):
@@ -679,22 +131,6 @@ without recomputing anything. Generate or Step, then see what the newest charact
 and which text has already fallen out of memory.
 """
 
-HEATMAP_HELP = """\
-Rows are layers (or the heads of one layer), columns the keys in text order: \
-**memory** left of the dashed line, the **current segment** right of it (in step-by-step \
-generation the current segment is the new token itself). The solid blue line is the edge \
-of **the window**: the last `tgt_len` tokens, all that a model without memory sees; keys \
-left of it are reachable only through memory. The bar on the right is each row's share of \
-attention **beyond the window** (its share on all of memory in lighter blue behind it), \
-and the status line leads with it. Beyond 160 keys, columns sum buckets of neighbouring \
-keys. Hover a cell, or a character of the text, for its weight and distance; **⤓ PNG** \
-saves the view. Under it, the **next-character prediction with memory and without** (the \
-same model on only the last segment): the sampled character is outlined, and \
-*shade by: memory's effect* colours the text by the bits memory saved on each character. \
-**Play** steps on by itself until you click it again; the **step history** slider shows \
-any of the last 256 steps over the text as it was then.
-"""
-
 CSS = (
     "".join(p.read_text() for p in sorted(WEB.glob("*.css")))
     + """
@@ -714,11 +150,11 @@ def main() -> None:
     # SIGTERM (how a Space or a supervisor stops the app) ends it like Ctrl-C, so that the
     # folder of offloaded memories is removed on the way out (webapp.budget.MemoryBudget).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    app = TXLApp()
-    for problem in (app.load_error, app.load_notice):
+    service = DemoService()
+    for problem in (service.load_error, service.load_notice):
         if problem:
             print(f"warning: {problem}")
-    launch(app.build())
+    launch(Demo(service).build())
 
 
 if __name__ == "__main__":

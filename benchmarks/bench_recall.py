@@ -64,7 +64,7 @@ def through_app(repeats: int) -> list[tuple[float, float]]:
     import app
     from benchmarks.bench_app import api_client
 
-    txl_app = app.TXLApp(str(BUNDLED))
+    txl_app = app.Demo.serving(str(BUNDLED))
     demo = txl_app.build()
     _, url, _ = app.launch(
         demo, server_port=None, prevent_thread_lock=True, quiet=True, ssr_mode=False

@@ -41,9 +41,9 @@ def main() -> None:
     from tests.test_browser import FLAGS  # and their browser flags: loopback only
 
     torch.set_num_threads(1)
-    txl_app = app.TXLApp(args.model)
-    if txl_app.load_error:
-        raise SystemExit(txl_app.load_error)
+    txl_app = app.Demo.serving(args.model)
+    if txl_app.service.load_error:
+        raise SystemExit(txl_app.service.load_error)
     demo, url = serve(txl_app)
     try:
         with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:

@@ -25,6 +25,10 @@ from benchmarks.bench_app import api_client  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
 from txl.session import Session  # noqa: E402
 from webapp import serve as webapp_serve  # noqa: E402
+from webapp.serve import Settings  # noqa: E402
+from webapp.tabs import score as score_tab  # noqa: E402
+from webapp.tabs import watch as watch_tab  # noqa: E402
+from webapp.tabs import watch_views  # noqa: E402
 from webapp.tabs.examples import ROMEO_AND_JULIET  # noqa: E402
 
 VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
@@ -49,7 +53,7 @@ def tiny_model(folder, n_layer=2, seed=0):
     return str(folder)
 
 
-def serve(txl_app: app.TXLApp):
+def serve(txl_app: app.Demo):
     """Build and launch the app on a free loopback port; returns (demo, url).
 
     One torch thread per model call, as `python app.py` runs, comes from conftest.py."""
@@ -74,8 +78,8 @@ def new_client(url: str) -> Client:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    txl_app = app.TXLApp(folder, model_dirs=[str(tmp_path_factory.getbasetemp())])
-    assert txl_app.load_error is None
+    txl_app = app.Demo.serving(folder, model_dirs=[str(tmp_path_factory.getbasetemp())])
+    assert txl_app.service.load_error is None
     demo, url = serve(txl_app)
     yield url, txl_app
     demo.close()
@@ -134,7 +138,7 @@ def test_generate_streams(client, monkeypatch):
     # Streaming is on a timer (STREAM_EVERY_S): how many partial texts a real Generate
     # sends depends on the machine's speed. With the timer at 0 every step but the last
     # sends one, so the count is the code's, not the clock's.
-    monkeypatch.setattr(app, "STREAM_EVERY_S", 0.0)
+    monkeypatch.setattr(watch_tab, "STREAM_EVERY_S", 0.0)
     job = client.submit(prompt="A", n_tokens=60, **settings(), api_name="/generate")
     final = job.result(timeout=300)
     texts = [out[0] for out in job.outputs()]
@@ -144,7 +148,7 @@ def test_generate_streams(client, monkeypatch):
 
 
 def test_generate_streams_the_views(client, monkeypatch):
-    monkeypatch.setattr(app, "STREAM_EVERY_S", 0.0)  # read at call time: every step streams
+    monkeypatch.setattr(watch_tab, "STREAM_EVERY_S", 0.0)  # read at call time: every step streams
     job = client.submit(prompt="A", n_tokens=400, **settings(), api_name="/generate")
     final = job.result(timeout=300)
     partial = job.outputs()[:-1]
@@ -220,12 +224,12 @@ def shown_share(status: str) -> float:
 
 def test_page_step_sends_the_api_views_packed_as_one_string_each(server, client):
     """The page's Step (step_page, private) gives the page /step's four views each as one
-    JSON string (viz.packed: Gradio's page copies a value number by number); unpacked,
+    JSON string (figures.packed: Gradio's page copies a value number by number); unpacked,
     they are /step's values for the same seed, and the other outputs are /step's own."""
     _, txl_app = server
     choice = dict(layer="layer 1", head="head 0")  # one head: the view carries its terms
     api = client.predict(prompt="ROMEO:\n", **settings(), **choice, api_name="/step")
-    page = txl_app.step_page("ROMEO:\n", *settings().values(), *choice.values(), None)
+    page = txl_app.watch.step_page("ROMEO:\n", *settings().values(), *choice.values(), None)
     assert len(page) == 8 and page[-1] is not None  # the seven outputs, then the state
     text, text_view, status, attention, history, summary, predictions = page[:7]
     unpacked = {}
@@ -362,7 +366,7 @@ def test_score(client):
 def test_score_numbers_equal_a_direct_score(server, client):
     txl_app = server[1]
     numbers = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN // 2, api_name="/score")[2]
-    direct = Session(txl_app.default_model, mem_len=MEM_LEN // 2).score(SCORE_TEXT)
+    direct = Session(txl_app.service.default_model, mem_len=MEM_LEN // 2).score(SCORE_TEXT)
     expected = {
         "segments_alone": direct.bpc_without,
         "sliding_window": direct.bpc_sliding,
@@ -390,7 +394,7 @@ def test_score_moments_are_the_top_5_of_direct_per_character_differences(server,
         assert m["char"] == MOMENTS_TEXT[p]
         assert m["context"] == MOMENTS_TEXT[max(0, p - 40) : p + 41]
         assert m["bits_saved"] == pytest.approx(m["bits_window"] - m["bits_memory"], abs=2e-4)
-    model = server[1].default_model
+    model = server[1].service.default_model
     direct = Session(model, mem_len=MEM_LEN).score(MOMENTS_TEXT)  # the arrays, in-process
     saved = direct.bits_sliding.astype(float) - direct.bits_with
     assert [m["position"] for m in moments] == (1 + (-saved).argsort(kind="stable")[:5]).tolist()
@@ -405,46 +409,47 @@ def test_score_moments_are_the_top_5_of_direct_per_character_differences(server,
 
 
 def test_watch_it_prompt_is_the_text_before_the_moment(server):
-    """Server.score_moments / moment_prompt: after a Score, the view and the choices of
+    """ScoreTab.score_moments / moment_prompt: after a Score, the view and the choices of
     its moments; a moment's prompt is the text before it, at the Score's mem_len, and a
     Session started on it predicts that very character as the Score did."""
     txl_app = server[1]
-    state = txl_app.ensure(None)
+    state = txl_app.service.ensure(None)
     with pytest.raises(gr.Error, match="Score a text first"):
-        txl_app.moment_prompt(state, 5)
-    *_, last = txl_app.score(MOMENTS_TEXT, MEM_LEN // 2, state)
+        txl_app.score.moment_prompt(state, 5)
+    *_, last = txl_app.score.score(MOMENTS_TEXT, MEM_LEN // 2, state)
     moments = last[2]["moments"]
-    view, dropdown = txl_app.score_moments(state)
+    view, dropdown = txl_app.score.score_moments(state)
     assert [m["position"] for m in view["moments"]] == [m["position"] for m in moments]
     assert view["text"] == MOMENTS_TEXT and len(view["effect"]["with"]) == len(MOMENTS_TEXT) - 1
     assert [value for _, value in dropdown.choices] == [m["position"] for m in moments]
     assert dropdown.value == moments[0]["position"]
-    tokenizer = txl_app.default_model.tokenizer
+    tokenizer = txl_app.service.default_model.tokenizer
     for m in moments:
-        prompt, mem_len, token = txl_app.moment_prompt(state, m["position"])
+        prompt, mem_len, token = txl_app.score.moment_prompt(state, m["position"])
         assert prompt == MOMENTS_TEXT[: m["position"]] and mem_len == MEM_LEN // 2
         assert token == tokenizer.encode(m["char"])[0]
-        s = Session(txl_app.default_model, mem_len=mem_len)
+        s = Session(txl_app.service.default_model, mem_len=mem_len)
         s.start(prompt)
         bits = -torch.log_softmax(s.next_logits.double(), -1)[token].item() / math.log(2)
         assert bits == pytest.approx(m["bits_memory"], abs=1e-4)
     for bad in (0, len(MOMENTS_TEXT), "x", None):
         with pytest.raises(gr.Error, match="Pick a moment"):
-            txl_app.moment_prompt(state, bad)
+            txl_app.score.moment_prompt(state, bad)
 
     # Watch it: the session starts on the prompt, memory on at the Score's mem_len, the
     # prompt's last character's attention captured; the next Step writes the moment's
     # character, its prediction with and without memory the Score's numbers.
     m = moments[1]
-    txl_app.apply_settings(state.session, False, MEM_LEN, 1.0, 0, 1.0, 0)  # memory off
-    prompt = txl_app.watch_moment(state, m["position"], (1.0, 0, 1.0, 7))
+    memory_off = Settings(False, MEM_LEN, 1.0, 0, 1.0, 0)
+    txl_app.service.apply_settings(state.session, memory_off)
+    prompt = txl_app.score.watch_moment(state, m["position"], (1.0, 0, 1.0, 7))
     s = state.session
     assert prompt == s.text == MOMENTS_TEXT[: m["position"]]
     assert s.memory and s.mem_len == MEM_LEN // 2 and s.seed == 7
     t = s.last_trace
     assert t.position == m["position"] - 1 and t.attentions is not None
     assert t.key_positions[-1] == t.position and t.predictions is None
-    out = txl_app.step(prompt, True, MEM_LEN // 2, 1.0, 0, 1.0, 7, None, None, state)
+    out = txl_app.watch.step(prompt, True, MEM_LEN // 2, 1.0, 0, 1.0, 7, None, None, state)
     text, summary = out[0], out[5]
     assert text == MOMENTS_TEXT[: m["position"] + 1]  # the moment's own character
     p = summary["predictions"]
@@ -454,22 +459,22 @@ def test_watch_it_prompt_is_the_text_before_the_moment(server):
     assert p["bits_saved"] == pytest.approx(m["bits_saved"], abs=1e-3)
     # Once: the next Step samples again (a replay left by Watch it expires with its text).
     assert state.replay is None
-    txl_app.watch_moment(state, m["position"], (1.0, 0, 1.0, 7))
-    txl_app.step("another prompt", True, MEM_LEN // 2, 1.0, 0, 1.0, 7, None, None, state)
+    txl_app.score.watch_moment(state, m["position"], (1.0, 0, 1.0, 7))
+    txl_app.watch.step("another prompt", True, MEM_LEN // 2, 1.0, 0, 1.0, 7, None, None, state)
     assert state.replay is None and s.text.startswith("another prompt")
 
 
 def test_score_skips_the_sliding_window_of_long_texts(server, client, monkeypatch):
-    monkeypatch.setattr(webapp_serve, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
+    monkeypatch.setattr(score_tab, "MAX_SLIDING_CHARS", len(SCORE_TEXT) - 1)
     _, summary, numbers, _, _ = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN, api_name="/score")
     assert numbers["bpc"]["sliding_window"] is None
     assert numbers["seconds"]["sliding_window"] is None
     assert math.isfinite(numbers["bpc"]["memory"]) and "sliding window is computed" in summary
     assert numbers["moments"] is None  # no window: no moments, and nothing to watch
-    state = server[1].ensure(None)
-    *_, last = server[1].score(SCORE_TEXT, MEM_LEN, state)
+    state = server[1].service.ensure(None)
+    *_, last = server[1].score.score(SCORE_TEXT, MEM_LEN, state)
     assert last[2]["moments"] is None and state.scored is None
-    view, choices = server[1].score_moments(state)
+    view, choices = server[1].score.score_moments(state)
     assert view is None and choices.choices == []
 
 
@@ -492,7 +497,7 @@ def test_score_streams_its_stages_and_ends_with_the_direct_sliding_window(server
         "context_sweep" in (out[2] or {}) for out in stages[1:-1] if isinstance(out[2], dict)
     )
     numbers = stages[-1][2]
-    model = server[1].default_model
+    model = server[1].service.default_model
     ids = torch.tensor(model.tokenizer.encode(text))
     direct = (sliding_nll(model, ids, SEG_LEN) / math.log(2)).mean().item()
     assert numbers["bpc"]["sliding_window"] == pytest.approx(direct, abs=1e-3)
@@ -504,20 +509,20 @@ def test_a_new_score_cancels_the_sessions_running_one(server):
     """The handler itself (a generator): the same session's next Score, or its click,
     stops the running one at its next chunk; it then leaves the outputs alone."""
     txl_app = server[1]
-    state = txl_app.ensure(None)
-    old = txl_app.score(SCORE_TEXT * 3, MEM_LEN, state)
+    state = txl_app.service.ensure(None)
+    old = txl_app.score.score(SCORE_TEXT * 3, MEM_LEN, state)
     assert next(old)[2]["bpc"]["sliding_window"] is None  # the reads: the job is running
-    new = txl_app.score(SCORE_TEXT, MEM_LEN, state)
+    new = txl_app.score.score(SCORE_TEXT, MEM_LEN, state)
     assert next(new)[2]["tokens"] == len(SCORE_TEXT) - 1  # starting it cancelled the old
     assert list(next(old)[:5]) == [gr.skip()] * 5
     with pytest.raises(StopIteration):
         next(old)
-    txl_app.score_click(SCORE_TEXT, state)  # the page's click cancels at once
+    txl_app.score.score_click(SCORE_TEXT, state)  # the page's click cancels at once
     assert list(next(new)[:5]) == [gr.skip()] * 5
     # The visitor leaves: Gradio closes the handler's generator, which ends its job.
-    left = txl_app.score(SCORE_TEXT * 3, MEM_LEN, state)
+    left = txl_app.score.score(SCORE_TEXT * 3, MEM_LEN, state)
     next(left)
-    job = txl_app.traffic._jobs[id(state)]
+    job = txl_app.service.traffic._jobs[id(state)]
     assert not job.cancelled
     left.close()
     assert job.cancelled
@@ -532,17 +537,18 @@ def test_score_tab_opens_with_an_example_and_checks_the_text_first(server):
     demo = txl_app.build()
     boxes = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "score_text"]
     assert boxes and boxes[0].value == ROMEO_AND_JULIET
-    state = txl_app.ensure(None)
+    state = txl_app.service.ensure(None)
     for text, message in (("", "Nothing to score"), ("\x00", "Nothing to score")):
         with pytest.raises(gr.Error, match=message):
-            txl_app.score_click(text, state)
+            txl_app.score.score_click(text, state)
     with pytest.raises(gr.Error, match="20,000"):
-        txl_app.score_click("a" * 20_001, state)
-    txl_app.score_click(ROMEO_AND_JULIET, state)  # no error
+        txl_app.score.score_click("a" * 20_001, state)
+    txl_app.score.score_click(ROMEO_AND_JULIET, state)  # no error
 
 
 def new_state(txl_app, prompt="ROMEO:\n", steps=6):
-    state = txl_app.new_state(txl_app.default_source, txl_app.default_model)
+    service = txl_app.service
+    state = service.new_state(service.default_source, service.default_model)
     state.session.start(prompt)
     for _ in range(steps):
         state.session.step()
@@ -556,7 +562,7 @@ def test_past_views_show_the_text_as_it_was(server):
     n = len(s.history)
     for back in range(n):
         position = len(s.text) - 1 - back
-        text_view, attention = txl_app.past_views(state, back, None, None)
+        text_view, attention = watch_views.past_views(state, back, None, None)
         assert text_view["pos"] == attention["pos"] == position
         role, first, piece = text_view["runs"][-1]  # the text ends at that step
         assert role == "newest" and first + len(piece) == position + 1
@@ -564,22 +570,22 @@ def test_past_views_show_the_text_as_it_was(server):
         if back > 0:
             assert attention["history"] == [back, n]
     # further back than kept: the oldest step kept
-    assert txl_app.past_views(state, n + 10, None, None)[1]["pos"] == len(s.text) - n
-    now_text, now_attention = txl_app.past_views(state, 0, "layer 1", "head 0")
+    assert watch_views.past_views(state, n + 10, None, None)[1]["pos"] == len(s.text) - n
+    now_text, now_attention = watch_views.past_views(state, 0, "layer 1", "head 0")
     assert now_attention["rows"] == ["L1 head 0"] and now_text["layer"] == "layer 1"
     assert now_attention["history"] is None  # the newest step: no history marker
     # the redraw event: slider value -k is k steps back
-    assert txl_app.redraw(-2, None, None, state)[1]["pos"] == len(s.text) - 3
+    assert txl_app.watch.redraw(-2, None, None, state)[1]["pos"] == len(s.text) - 3
 
 
 def test_fit_history_shares_the_session_budget_with_the_memory(server, monkeypatch):
     txl_app = server[1]
     monkeypatch.setenv("TXL_SESSION_MEMORY_MB", "0.02")  # a few dozen steps of history
-    budget = txl_app.session_budget()
+    budget = txl_app.service.session_budget()
     state = new_state(txl_app, steps=0)
     s = state.session
-    assert txl_app.mem_cap(s.model) > MEM_LEN  # the memory itself is not capped here
-    txl_app.fit_history(s)
+    assert txl_app.service.mem_cap(s.model) > MEM_LEN  # the memory itself is not capped here
+    txl_app.service.fit_history(s)
     limit = s.history_bytes_limit
     assert 0 < limit < budget
     list(s.generate(120, capture_last_only=False))
@@ -588,14 +594,16 @@ def test_fit_history_shares_the_session_budget_with_the_memory(server, monkeypat
     assert info["history_bytes"] + 1.25 * info["bytes"] <= budget
     kept = info["history_steps"]
 
-    txl_app.apply_settings(s, True, MEM_LEN // 2, 1.0, 0, 1.0, 0)  # shorter memory
+    shorter = Settings(True, MEM_LEN // 2, 1.0, 0, 1.0, 0)  # shorter memory
+    txl_app.service.apply_settings(s, shorter)
     assert s.history_bytes_limit > limit  # more room for the history
     list(s.generate(120, capture_last_only=False))
     info = s.memory_info()
     assert info["history_steps"] > kept
     assert info["history_bytes"] + 1.25 * info["bytes"] <= budget
 
-    txl_app.apply_settings(s, True, 2 * MEM_LEN, 1.0, 0, 1.0, 0)  # longer memory
+    longer = Settings(True, 2 * MEM_LEN, 1.0, 0, 1.0, 0)  # longer memory
+    txl_app.service.apply_settings(s, longer)
     assert s.history_bytes_limit < limit
     list(s.generate(2 * MEM_LEN, capture_last_only=False))  # the memory fills up
     info = s.memory_info()
@@ -634,15 +642,16 @@ def test_load_model_affects_only_this_session(server, tmp_path):
     assert "1 layers" in out[0] and out[1] == ""
     assert len(step(a)[5]["memory_mass_per_layer"]) == 1
     assert len(step(b)[5]["memory_mass_per_layer"]) == 2  # b still has the default model
-    assert txl_app.cache.get(other) is txl_app.cache.get(other)  # loaded once, shared
+    cache = txl_app.service.cache
+    assert cache.get(other) is cache.get(other)  # loaded once, shared
 
 
 def test_a_missing_default_model_is_an_error_not_a_crash(tmp_path, monkeypatch):
     # (with the bundled model there, the app falls back to it: tests/test_robustness.py)
     monkeypatch.setattr(webapp_serve, "BUNDLED_MODEL", "weights/no-such-model")
-    txl_app = app.TXLApp(str(tmp_path / "missing"))
-    assert txl_app.default_model is None and "missing" in txl_app.load_error
+    txl_app = app.Demo.serving(str(tmp_path / "missing"))
+    assert txl_app.service.default_model is None and "missing" in txl_app.service.load_error
     txl_app.build()  # the page still builds, and says why there is no model
-    assert "No model loaded" in txl_app.model_info()
+    assert "No model loaded" in txl_app.watch.model_info()
     with pytest.raises(gr.Error, match="No model is loaded"):
-        txl_app.step("ROMEO:", True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, None)
+        txl_app.watch.step("ROMEO:", True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, None)

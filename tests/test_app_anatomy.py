@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 from tests import test_app  # noqa: E402
 from tests.test_app import MEM_LEN, settings  # noqa: E402
 from txl import anatomy  # noqa: E402
+from webapp.tabs import watch_views  # noqa: E402
 
 server, client = test_app.server, test_app.client  # the app's fixtures: a tiny model
 
@@ -82,13 +83,13 @@ def test_memory_off_terms(client):
 
 
 def test_past_steps_have_no_terms(server):
-    txl_app = server[1]
-    state = txl_app.new_state(txl_app.default_source, txl_app.default_model)
+    service = server[1].service
+    state = service.new_state(service.default_source, service.default_model)
     state.session.start("ROMEO:\n")
     for _ in range(3):
         state.session.step()
-    _, newest = txl_app.past_views(state, 0, "layer 1", "head 1")
-    _, past = txl_app.past_views(state, 2, "layer 1", "head 1")
+    _, newest = watch_views.past_views(state, 0, "layer 1", "head 1")
+    _, past = watch_views.past_views(state, 2, "layer 1", "head 1")
     assert newest["terms"] is not None and past["terms"] is None and past["history"][0] == 2
 
 
@@ -108,7 +109,7 @@ def test_anatomy_returns_the_profiles_and_both_figures(server, client):
         assert Path(figure["path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert numbers["tokens"] == len(TEXT) and numbers["mem_len"] == MEM_LEN
     # the same numbers as txl.anatomy on the app's model
-    model = server[1].default_model
+    model = server[1].service.default_model
     direct = anatomy.profiles(model, model.tokenizer.encode(TEXT), MEM_LEN)
     np.testing.assert_allclose(numbers["attention"], direct.attention, atol=2e-6)
     np.testing.assert_allclose(numbers["terms"]["b"], direct.terms[1], atol=2e-6)
@@ -134,7 +135,7 @@ def test_reading_streams_its_progress(server, monkeypatch):
 
     monkeypatch.setattr(tab_module, "STAGE_EVERY_S", 0.0)  # a stage after every segment
     text = "All the world's a stage,\n" * 4  # 100 characters: 7 segments of 16
-    stages = list(tab_module.read(server[1], text, MEM_LEN, "layer", "all heads", None,
+    stages = list(tab_module.read(server[1].service, text, MEM_LEN, "layer", "all heads", None,
                                   tab_module.AnatomyState(), lambda *a, **k: 0))
     assert [s[0].split(" (")[0] for s in stages[:6]] == [
         f"Reading… {16 * k} of 100 characters" for k in range(1, 7)]
@@ -150,15 +151,15 @@ def test_a_newer_click_stops_the_older_job(server, monkeypatch):
     # No progress stages (they come on a timer: a slow first segment would send one
     # before the job looks again), so that what the jobs yield is the code's, not the clock's.
     monkeypatch.setattr(tab_module, "STAGE_EVERY_S", math.inf)
-    txl_app, tab = server[1], AnatomyState()
+    service, tab = server[1].service, AnatomyState()
     text = "All the world's a stage,\n" * 40  # 1,000 characters: many segments
 
     def newer_click(*_, **__):  # a second click arrives while the first reads
         tab.job += 1
 
-    first = list(read(txl_app, text, MEM_LEN, "layer", "all heads", None, tab, newer_click))
+    first = list(read(service, text, MEM_LEN, "layer", "all heads", None, tab, newer_click))
     assert first == [] and tab.result is None
-    figures = list(read(txl_app, text, MEM_LEN, "layer", "all heads", None, tab, lambda *a, **k: 0))
+    figures = list(read(service, text, MEM_LEN, "layer", "all heads", None, tab, lambda *a, **k: 0))
     assert len(figures) == 2 and tab.result is not None  # Figure 5 first, then Figure 7
     assert figures[0][2].endswith(".png") and "drawing Figure 7" in figures[0][0]
     assert figures[1][3].endswith(".png") and "figures drawn" in figures[1][0]

@@ -68,7 +68,7 @@ def mean(xs) -> float:
 @pytest.mark.parametrize("mem_len", [MEM_LEN, 100])
 def test_every_row_equals_direct_forwards_of_its_text(server, client, mem_len):
     plot, sentence, numbers = recall(client, mem_len=mem_len)
-    model = server[1].default_model
+    model = server[1].service.default_model
     rows = numbers["rows"]
     assert [r["distance"] for r in rows] == list(DISTANCES)
     assert numbers["mem_len"] == mem_len and numbers["window"] == SEG_LEN
@@ -115,13 +115,13 @@ def test_bad_input_gives_its_message_and_changes_nothing(
     assert step(client)[0][:-1] == text  # the session's text and memory as they were
     if mem_len >= 0 and mem_len <= 2048:  # the page's check before /recall: the same words
         with pytest.raises(gr.Error, match=message.split(":")[0]):
-            server[1].recall_click(name, filler, mem_len, None)
+            server[1].recall.recall_click(name, filler, mem_len, None)
 
 
 def test_watch_it_prompt_makes_one_step_predict_the_first_scored_letter(server, client):
     txl_app = server[1]
-    model = txl_app.default_model
-    prompt, mem_len = txl_app.recall_prompt(f"  {NAME} ", FILLER, 128, MEM_LEN, None)
+    model = txl_app.service.default_model
+    prompt, mem_len = txl_app.recall.recall_prompt(f"  {NAME} ", FILLER, 128, MEM_LEN, None)
     text, start = probe_text(NAME, FILLER, 128)
     assert (prompt, mem_len) == (text[:start], MEM_LEN)
     # The Watch tab's Step from that prompt, memory on: it predicts position ``start``.
@@ -134,24 +134,24 @@ def test_watch_it_prompt_makes_one_step_predict_the_first_scored_letter(server, 
     first = direct_bits(model, text, start, SEG_LEN, mem_len)["memory"][0]
     assert -p.item() / LN2 == pytest.approx(first, abs=1e-3)
     with pytest.raises(gr.Error, match="k must be between"):
-        txl_app.recall_prompt(NAME, FILLER, 0, MEM_LEN, None)
+        txl_app.recall.recall_prompt(NAME, FILLER, 0, MEM_LEN, None)
 
 
 def test_a_probe_and_a_score_do_not_cancel_each_other_but_a_new_probe_does(server):
     txl_app = server[1]
-    state = txl_app.ensure(None)
-    probe = txl_app.recall(NAME, FILLER, MEM_LEN, state)
+    state = txl_app.service.ensure(None)
+    probe = txl_app.recall.recall(NAME, FILLER, MEM_LEN, state)
     assert len(next(probe)[2]["rows"]) == 1  # running
-    score = txl_app.score(test_app.SCORE_TEXT, MEM_LEN, state)
+    score = txl_app.score.score(test_app.SCORE_TEXT, MEM_LEN, state)
     next(score)
     assert len(next(probe)[2]["rows"]) == 2  # a Score of the same session left it running
-    newer = txl_app.recall(NAME, FILLER, MEM_LEN, state)
+    newer = txl_app.recall.recall(NAME, FILLER, MEM_LEN, state)
     assert len(next(newer)[2]["rows"]) == 1
     assert list(next(probe)[:3]) == [gr.skip()] * 3  # replaced: it leaves the page alone
     with pytest.raises(StopIteration):
         next(probe)
     assert list(next(score)[:5]) != [gr.skip()] * 5  # the Score goes on
-    txl_app.recall_click(NAME, FILLER, MEM_LEN, state)  # the page's click cancels at once
+    txl_app.recall.recall_click(NAME, FILLER, MEM_LEN, state)  # the page's click cancels at once
     assert list(next(newer)[:3]) == [gr.skip()] * 3
     score.close()
 

@@ -34,7 +34,7 @@ def app_url(tmp_path_factory):
     import app
 
     folder = tiny_model(tmp_path_factory.mktemp("browser") / "model")
-    demo, url = serve(app.TXLApp(folder))
+    demo, url = serve(app.Demo.serving(folder))
     yield url
     demo.close()
 

@@ -381,7 +381,7 @@ def settings(seed: int) -> list:
 
 
 def step(txl_app, state, seed: int):
-    _, _, status_out, attention, *_, state = txl_app.step(
+    _, _, status_out, attention, *_, state = txl_app.watch.step(
         PROMPT[: 30 + seed], *settings(seed), None, None, state
     )
     return state, status_out
@@ -389,13 +389,13 @@ def step(txl_app, state, seed: int):
 
 def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
     monkeypatch.setenv("TXL_SESSION_MEMORY_MB", "1")
-    big = app.TXLApp(folder, model_dirs=[])
+    big = app.Demo.serving(folder, model_dirs=[])
     a, _ = step(big, None, 0)
     held = resident_bytes(a.session)
     need = held + growth_bytes(a.session, MEM_LEN, 1)
-    table = model_cache_bytes(big.default_model)  # each app's model has one of this size
+    table = model_cache_bytes(big.service.default_model)  # each app's model has one of this size
     # room for one Step, not for one Step beside another session
-    txl_app = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(table + need + held // 2))
+    txl_app = app.Demo.serving(folder, model_dirs=[], budget=MemoryBudget(table + need + held // 2))
     a, status = step(txl_app, None, 0)
     assert "restored" not in status
     b, _ = step(txl_app, None, 1)  # a new session holds nothing yet: it fits beside a
@@ -407,16 +407,16 @@ def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
     c, _ = step(txl_app, None, 2)
     c, _ = step(txl_app, c, 2)  # b, the least recently used, goes to disk
     assert is_unloaded(b.session)
-    text_view, attention, *_ = txl_app.redraw(0, None, None, b)  # the history slider
+    text_view, attention, *_ = txl_app.watch.redraw(0, None, None, b)  # the history slider
     assert not is_unloaded(b.session) and attention is not None and b.session.history
-    too_small = app.TXLApp(folder, model_dirs=[], budget=MemoryBudget(need // 4))
+    too_small = app.Demo.serving(folder, model_dirs=[], budget=MemoryBudget(need // 4))
     with pytest.raises(gr.Error, match="whole memory budget"):
         step(too_small, None, 0)
     # expiry removes the file of a session whose memory is on disk
-    txl_app.sessions.ttl = 0
-    assert any(is_unloaded(x.session) for x in (a, b, c)) and txl_app.budget.files()
-    txl_app.sessions.sweep()
-    assert all(x.expired for x in (a, b, c)) and txl_app.budget.files() == []
+    txl_app.service.visitors.ttl = 0
+    assert any(is_unloaded(x.session) for x in (a, b, c)) and txl_app.service.budget.files()
+    txl_app.service.visitors.sweep()
+    assert all(x.expired for x in (a, b, c)) and txl_app.service.budget.files() == []
 
 
 N_THREADS, SESSIONS_PER_THREAD, ROUNDS = 6, 3, 8
@@ -426,7 +426,7 @@ def test_concurrent_steps_under_a_small_budget_equal_each_session_alone(folder):
     """18 sessions, 6 threads stepping at once, a budget with room for what 6 running
     requests may need and little more: sessions go to disk and back all the time, never
     deadlock, never refuse, and each text is the one it writes alone."""
-    alone_app = app.TXLApp(folder, model_dirs=[])
+    alone_app = app.Demo.serving(folder, model_dirs=[])
     n = N_THREADS * SESSIONS_PER_THREAD
     alone, done = {}, []
     for i in range(n):
@@ -439,9 +439,9 @@ def test_concurrent_steps_under_a_small_budget_equal_each_session_alone(folder):
     need = resident_bytes(state.session) + growth_bytes(state.session, MEM_LEN, 1)
     # what the idle ones keep in RAM while on disk (the most: after all the rounds)
     on_disk = (n - N_THREADS) * max(kept(x.session) for x in done)
-    table = model_cache_bytes(alone_app.default_model)
+    table = model_cache_bytes(alone_app.service.default_model)
     budget = MemoryBudget(table + int(N_THREADS * need * 1.2) + on_disk)
-    txl_app = app.TXLApp(folder, model_dirs=[], budget=budget)
+    txl_app = app.Demo.serving(folder, model_dirs=[], budget=budget)
     states, errors = {}, []
     peak = [0]
 
@@ -468,5 +468,5 @@ def test_concurrent_steps_under_a_small_budget_equal_each_session_alone(folder):
     assert budget.offloads > n and budget.restores > n
     assert peak[0] <= budget.limit
     for i in range(n):
-        with txl_app.using(states[i]):  # read back whatever is on disk
+        with txl_app.service.using(states[i]):  # read back whatever is on disk
             assert states[i].session.text == alone[i], f"session {i}"

@@ -94,15 +94,16 @@ def attention_keys(view: dict) -> tuple:
     return view["pos"], view["first"], view["last"], view["w"]
 
 
-def run_alone(txl_app: app.TXLApp, i: int) -> tuple[list[str], list[tuple]]:
+def run_alone(txl_app: app.Demo, i: int) -> tuple[list[str], list[tuple]]:
     """The same session through the same handlers, with nothing else running."""
     p = plan(i)
     args = [p[k] for k in ("memory", "mem_len", "temperature", "top_k", "top_p", "seed")]
-    *_, state = list(txl_app.generate(p["prompt"], p["n_tokens"], *args, None, None, None))[-1]
+    watch = txl_app.watch
+    *_, state = list(watch.generate(p["prompt"], p["n_tokens"], *args, None, None, None))[-1]
     texts, views = [state.session.text], []
     for k in range(N_STEPS):
         args[0] = memory_at(i, k, p["memory"])
-        _, _, _, attention, *_, state = txl_app.step(p["prompt"], *args, None, None, state)
+        _, _, _, attention, *_, state = txl_app.watch.step(p["prompt"], *args, None, None, state)
         texts.append(state.session.text)
         views.append(attention_keys(attention))
     return texts, views
@@ -111,7 +112,7 @@ def run_alone(txl_app: app.TXLApp, i: int) -> tuple[list[str], list[tuple]]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-    txl_app = app.TXLApp(folder, model_dirs=[])
+    txl_app = app.Demo.serving(folder, model_dirs=[])
     demo, url = serve(txl_app)
     yield url, txl_app
     demo.close()

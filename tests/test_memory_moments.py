@@ -1,4 +1,5 @@
-"""Where memory matters (txl/moments.py, scripts/find_memory_moments.py, webapp/tabs/moments.py):
+"""Where memory matters (txl/moments.py, scripts/find_memory_moments.py,
+webapp/tabs/watch_examples.py):
 the shipped passages' figures recomputed on the bundled model by plain forwards; the
 selection (largest saving first, passages disjoint) on synthetic arrays and on a tiny
 model against direct reads; the Watch tab's examples through the app."""
@@ -25,7 +26,7 @@ from txl import TransformerXL  # noqa: E402
 from txl.data import load_text, train_val_split  # noqa: E402
 from txl.moments import LINE_SEARCH, find_moments, passage_start, pick_disjoint  # noqa: E402
 from txl.recall import probe_text  # noqa: E402
-from webapp.tabs import moments as moments_tab  # noqa: E402
+from webapp.tabs import watch_examples  # noqa: E402
 
 server, client = test_app.server, test_app.client  # the app's fixtures: a tiny model
 LN2 = math.log(2)
@@ -74,7 +75,7 @@ def direct_bits(model, text: str, seg: int, mem_len: int) -> tuple[list[float], 
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    return json.loads(moments_tab.MOMENTS_FILE.read_text(encoding="utf-8"))
+    return json.loads(watch_examples.MOMENTS_FILE.read_text(encoding="utf-8"))
 
 
 def test_the_shipped_passages_are_the_bundled_model_s(report):
@@ -193,7 +194,7 @@ def test_the_script_writes_what_the_tab_reads(tmp_path, capsys):
     args = ["--model", model_dir, "--data", str(data), "--positions", "0:500", "--k", "2"]
     args += ["--context", "160", "--shortlist", "3", "--out", str(out), "--nice", "0"]
     assert find_memory_moments.main(args) == 0
-    report = moments_tab.load_moments(out)
+    report = watch_examples.load_moments(out)
     assert (report["seg_len"], report["mem_len"], report["positions"]) == (16, 32, [160, 500])
     assert len(report["moments"]) == 2
     printed = capsys.readouterr().out
@@ -202,7 +203,7 @@ def test_the_script_writes_what_the_tab_reads(tmp_path, capsys):
         assert val[m["start"] : m["position"]] == m["passage"] and val[m["position"]] == m["char"]
         assert val[m["position"] :].startswith(m["after"]) and "\n" not in m["after"][1:]
         assert f"position {m['position']:>7,}" in printed
-    assert moments_tab.label(report["moments"][0]).endswith(
+    assert watch_examples.label(report["moments"][0]).endswith(
         f"memory {report['moments'][0]['bits_memory']:.2f} bits, "
         f"window {report['moments'][0]['bits_window']:.2f}"
     )
@@ -232,17 +233,17 @@ def test_choosing_an_example_puts_its_passage_in_the_prompt(server, client, repo
     assert raw_api.call(server[0], "watch_example", [None])[0]
 
     prompt, memory, _, guide = client.predict("recall", api_name="/watch_example")
-    text, start = probe_text(moments_tab.DEFAULT_NAME, moments_tab.RECALL_FILLER, 128)
+    text, start = probe_text(watch_examples.DEFAULT_NAME, watch_examples.RECALL_FILLER, 128)
     assert prompt == text[:start] and memory is True
     assert "How far back can it recall?" in guide
 
 
 def test_the_first_screen_opens_on_the_best_passage_with_the_bundled_model(report, tmp_path):
-    demo = app.TXLApp(str(WEIGHTS)).build()
+    demo = app.Demo.serving(str(WEIGHTS)).build()
     by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
     assert by_id["prompt"].value == report["moments"][0]["passage"]
     assert by_id["example"].value == "0"
     assert f"{report['moments'][0]['bits_memory']:.2f} bits" in by_id["example_guide"].value
     # Another model: the plain prompt (the passages were measured on the bundled one).
-    other = app.TXLApp(tiny_model(tmp_path / "tiny"))
-    assert moments_tab.opening(other, report) == ("ROMEO:\n", None)
+    other = app.Demo.serving(tiny_model(tmp_path / "tiny"))
+    assert watch_examples.opening(other.service, report) == ("ROMEO:\n", None)

@@ -17,7 +17,7 @@ from tests.tolerance import FLOAT32_VS_64, assert_ulps_close
 from txl import TransformerXL, TXLConfig
 from txl.predictions import TOP_K, MemoryEffect
 from txl.session import Session
-from webapp import viz
+from webapp import watch_viz
 from webapp.offload import reload, unload
 
 PROMPT = "ROMEO:\nI"  # 8 characters
@@ -118,7 +118,7 @@ def test_memory_off_has_one_distribution_and_records_no_effect():
         pending = probs(s.next_logits)
         check_step(s.step(), pending, None)
     assert len(s.memory_effect) == 0
-    summary = viz.step_summary(s.last_trace)["predictions"]
+    summary = watch_viz.step_summary(s.last_trace)["predictions"]
     assert summary["without_memory"] is None and summary["bits_saved"] is None
     assert summary["p_chosen"]["without_memory"] is None and len(summary["with_memory"]) == 10
     s.counterfactual = False  # memory on, no counterfactual: also one distribution
@@ -180,8 +180,8 @@ def test_text_view_and_status_carry_memorys_effect():
     s = Session(model, temperature=1.0, seed=4)
     s.start(PROMPT)
     list(s.generate(20, capture_last_only=False))
-    roles = viz.roles_from_trace(len(s.text), s.last_trace)
-    view = viz.text_view(s.pieces, roles, s.last_trace, effect=s.memory_effect)
+    roles = watch_viz.roles_from_trace(len(s.text), s.last_trace)
+    view = watch_viz.text_view(s.pieces, roles, s.last_trace, effect=s.memory_effect)
     e = view["effect"]
     assert e["start"] == len(PROMPT) and len(e["with"]) == 20
     for k, position in enumerate(range(len(PROMPT), len(s.text))):
@@ -192,7 +192,8 @@ def test_text_view_and_status_carry_memorys_effect():
               for i in range(len(piece))}  # fmt: skip
     assert set(range(len(PROMPT), len(s.text))) <= listed
     assert "".join("".join(p) for _, _, p in view["runs"]) == s.text
-    status = viz.status_markdown(s.memory_info(), len(s.text), saved=s.memory_effect.bits_saved())
+    saved = s.memory_effect.bits_saved()
+    status = watch_viz.status_markdown(s.memory_info(), len(s.text), saved=saved)
     total, k = s.memory_effect.bits_saved()
     assert f"memory saved **{total:,.1f} bits** over the last {k} characters" in status
 
@@ -239,7 +240,7 @@ def test_a_word_model_with_adaptive_softmax_takes_the_same_path():
         check_step(trace, pending, direct(model, before[-6:]))
         if len(before) <= 6:  # same_length: the with-memory model sees the whole text too
             torch.testing.assert_close(pending, direct(model, before), rtol=1e-10, atol=1e-13)
-    pred = viz.step_summary(trace)["predictions"]
+    pred = watch_viz.step_summary(trace)["predictions"]
     texts = {model.tokenizer.pieces([i])[0] for i in range(len(WORDS))}
     assert {t for t, _ in pred["with_memory"] + pred["without_memory"]} <= texts
     assert pred["chosen"] == model.tokenizer.pieces([trace.token_id])[0]
@@ -254,7 +255,7 @@ def app_server(tmp_path_factory):
     import app
 
     folder = tiny_model(tmp_path_factory.mktemp("pred") / "model")
-    txl_app = app.TXLApp(folder)
+    txl_app = app.Demo.serving(folder)
     demo, url = serve(txl_app)
     yield url, txl_app
     demo.close()
@@ -268,7 +269,7 @@ def client(app_server):
 
 
 def test_step_summary_and_view_carry_the_predictions(client, app_server):
-    model = TransformerXL.from_pretrained(app_server[1].default_source).double().eval()
+    model = TransformerXL.from_pretrained(app_server[1].service.default_source).double().eval()
     client.predict(prompt=PROMPT, n_tokens=30, **settings(), api_name="/generate")
     out = client.predict(prompt=PROMPT, **settings(), api_name="/step")
     text, summary, view = out[0], out[5], out[6]
@@ -298,9 +299,10 @@ def test_step_summary_and_view_carry_the_predictions(client, app_server):
 
 
 def test_generate_streams_predictions_and_history_shows_each_steps(client, app_server, monkeypatch):
-    import app
+    from webapp.serve import HISTORY_STEPS
+    from webapp.tabs import watch as watch_tab
 
-    monkeypatch.setattr(app, "STREAM_EVERY_S", 0.0)  # read at call time: every step streams
+    monkeypatch.setattr(watch_tab, "STREAM_EVERY_S", 0.0)  # read at call time: every step streams
     job = client.submit(prompt="A", n_tokens=100, **settings(), api_name="/generate")
     final = job.result(timeout=300)
     streamed = [out for out in job.outputs()[:-1] if isinstance(out[5], dict)]
@@ -309,15 +311,16 @@ def test_generate_streams_predictions_and_history_shows_each_steps(client, app_s
         assert out[5]["position"] == len(out[0]) - 1 == out[6]["pos"]
         assert out[5]["predictions"]["chosen"] == out[0][-1]
     txl_app = app_server[1]
-    *_, state = list(txl_app.generate("A", 40, True, MEM_LEN, 1.0, 0, 1.0, 0, None, None, None))[-1]
+    generated = txl_app.watch.generate("A", 40, True, MEM_LEN, 1.0, 0, 1.0, 0, None, None, None)
+    *_, state = list(generated)[-1]
     s = state.session
     for back in (0, 1, 5):
-        text_view, attention, summary, view = txl_app.redraw(-back, None, None, state)
+        text_view, attention, summary, view = txl_app.watch.redraw(-back, None, None, state)
         trace = s.past_trace(back)
         assert summary["position"] == view["pos"] == attention["pos"] == trace.position
         assert summary["predictions"] == trace.predictions.as_dict()
         assert view["history"] == (None if back == 0 else [back, len(s.history)])
-    assert app.HISTORY_STEPS >= 5
+    assert HISTORY_STEPS >= 5
 
 
 def test_streamed_values_reach_the_client_whole():

@@ -43,6 +43,8 @@ from txl.hub import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
 from txl.session import Session  # noqa: E402
 from txl.tokenizer import CharTokenizer, UnknownCharactersError  # noqa: E402
 from webapp import serve as webapp_serve  # noqa: E402
+from webapp import visitors  # noqa: E402
+from webapp.tabs import watch as watch_tab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "ROMEO:\n"
@@ -81,7 +83,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(models):
-    txl_app = app.TXLApp(models["default"], model_dirs=[str(models["base"])])
+    txl_app = app.Demo.serving(models["default"], model_dirs=[str(models["base"])])
     demo, url = serve(txl_app)
     yield url, txl_app
     demo.close()
@@ -525,7 +527,7 @@ def test_loading_a_model_while_generating_takes_effect(server, client, models, m
     server, so the two overlap whatever the machine's speed."""
     _, txl_app = server
     generating, loading, go_on = threading.Event(), threading.Event(), threading.Event()
-    session_step, cache_get = Session.step, txl_app.cache.get
+    session_step, cache_get = Session.step, txl_app.service.cache.get
     steps = []
 
     def held_step(self, *args, **kwargs):
@@ -540,7 +542,7 @@ def test_loading_a_model_while_generating_takes_effect(server, client, models, m
         return cache_get(*args, **kwargs)
 
     monkeypatch.setattr(Session, "step", held_step)
-    monkeypatch.setattr(txl_app.cache, "get", signalled_get)
+    monkeypatch.setattr(txl_app.service.cache, "get", signalled_get)
     job = client.submit(prompt=PROMPT, n_tokens=500, **settings_kw(), api_name="/generate")
     assert generating.wait(60), "the Generate never reached its 100th step"
     load = client.submit(source=models["other"], api_name="/load_model")
@@ -698,15 +700,17 @@ def test_load_faults_from_the_hub(client, models, tmp_path):
 def test_a_broken_default_model_falls_back_to_the_bundled_one(models, tmp_path):
     folder = tmp_path / "broken"
     _copy_with(models["default"], _damaged(models["default"])["weights-garbage"], folder)
-    txl_app = app.TXLApp(str(folder))
-    assert txl_app.load_error is None and txl_app.default_model is not None
-    assert txl_app.default_source == str(ROOT / webapp_serve.BUNDLED_MODEL)
-    assert str(folder) in txl_app.load_notice and WEIGHTS_NAME in txl_app.load_notice
-    assert "serving the bundled model instead" in txl_app.load_notice
+    txl_app = app.Demo.serving(str(folder))
+    assert txl_app.service.load_error is None and txl_app.service.default_model is not None
+    assert txl_app.service.default_source == str(ROOT / webapp_serve.BUNDLED_MODEL)
+    notice = txl_app.service.load_notice
+    assert str(folder) in notice and WEIGHTS_NAME in notice
+    assert "serving the bundled model instead" in txl_app.service.load_notice
     txl_app.build()  # the page says so
     with hub_environment(None, tmp_path / "hf", offline=True):  # the Hub, unreachable at start
-        txl_app = app.TXLApp("someorg/model")
-    assert "cannot be reached" in txl_app.load_notice and txl_app.default_model is not None
+        txl_app = app.Demo.serving("someorg/model")
+    service = txl_app.service
+    assert "cannot be reached" in service.load_notice and service.default_model is not None
 
 
 # ---- the API: scoring, and the session's size -------------------------------------------
@@ -728,7 +732,7 @@ def test_score_bad_inputs(client):
 
 def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
     text = generate(client, n_tokens=30)[0]
-    monkeypatch.setattr(webapp_serve, "MAX_TEXT_CHARS", len(text) + 1)
+    monkeypatch.setattr(watch_tab, "MAX_TEXT_CHARS", len(text) + 1)
     full = step(client)[0]
     for call_it in (
         lambda: step(client),
@@ -743,9 +747,9 @@ def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
     ):
         message = refused(call_it)
         assert f"{len(full):,} characters" in message and "Reset" in message
-    monkeypatch.setattr(webapp_serve, "MAX_TEXT_CHARS", 10**6)
+    monkeypatch.setattr(watch_tab, "MAX_TEXT_CHARS", 10**6)
     assert step(client)[0][:-1] == full  # nothing was lost
-    monkeypatch.setattr(webapp_serve, "MAX_TEXT_CHARS", len(text) + 1)
+    monkeypatch.setattr(watch_tab, "MAX_TEXT_CHARS", len(text) + 1)
     assert generate(client, n_tokens=30)[0] == text  # Generate starts over: allowed
 
 
@@ -753,8 +757,8 @@ def test_a_session_holds_at_most_max_text_chars(client, monkeypatch):
 
 
 def test_sessions_release_idle_sessions_and_keep_busy_ones(model):
-    sessions = webapp_serve.Sessions(ttl=60, every=3600)  # swept by hand here
-    states = [webapp_serve.UserState("m", started(model)) for _ in range(3)]
+    sessions = visitors.Visitors(ttl=60, every=3600)  # swept by hand here
+    states = [visitors.VisitorState("m", started(model)) for _ in range(3)]
     for state in states:
         sessions.add(state)
     assert len(sessions) == 3
@@ -774,13 +778,13 @@ def test_sessions_release_idle_sessions_and_keep_busy_ones(model):
 
 def test_an_expired_session_starts_again_with_a_warning(server):
     url, txl_app = server
-    state = txl_app.ensure(None)
-    txl_app.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
-    state.last_used -= 10 * txl_app.sessions.ttl
-    txl_app.sessions.sweep()
+    state = txl_app.service.ensure(None)
+    txl_app.watch.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
+    state.last_used -= 10 * txl_app.service.visitors.ttl
+    txl_app.service.visitors.sweep()
     assert state.expired
     with pytest.warns(UserWarning, match="idle"):
-        *_, fresh = txl_app.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
+        *_, fresh = txl_app.watch.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
     assert fresh is not state and len(fresh.session.text) == len(PROMPT) + 1
 
 
@@ -1058,8 +1062,8 @@ def test_the_scanner_lets_safe_code_pass(path, source):
 
 def test_handlers_turn_bad_values_into_gr_error(server):
     _, txl_app = server
-    state = txl_app.ensure(None)
-    txl_app.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
+    state = txl_app.service.ensure(None)
+    txl_app.watch.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
     text = state.session.text
     for args in (
         (PROMPT, True, MEM_LEN, math.nan, 0, 1.0, 0),
@@ -1070,21 +1074,21 @@ def test_handlers_turn_bad_values_into_gr_error(server):
         (MEGABYTE, True, MEM_LEN, 0.8, 0, 1.0, 0),
     ):
         with pytest.raises(gr.Error):
-            txl_app.step(*args, None, None, state)
+            txl_app.watch.step(*args, None, None, state)
         assert state.session.text == text
     with pytest.raises(gr.Error, match="n_tokens"):
-        list(txl_app.generate(PROMPT, 0, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state))
+        list(txl_app.watch.generate(PROMPT, 0, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state))
     assert state.session.text == text
 
 
 def test_a_busy_session_answers_instead_of_waiting_forever(server):
     _, txl_app = server
-    state = txl_app.ensure(None)
+    state = txl_app.service.ensure(None)
     errors = []
     holding, done = threading.Event(), threading.Event()
 
     def busy():
-        with webapp_serve.user_errors(state):
+        with visitors.user_errors(state):
             holding.set()
             done.wait(60)  # until the other request has had its answer
 
@@ -1092,7 +1096,7 @@ def test_a_busy_session_answers_instead_of_waiting_forever(server):
     holder.start()
     assert holding.wait(60)
     try:
-        with webapp_serve.user_errors(state, timeout=0.05):
+        with visitors.user_errors(state, timeout=0.05):
             pass
     except gr.Error as e:
         errors.append(str(e))
@@ -1104,18 +1108,18 @@ def test_a_busy_session_answers_instead_of_waiting_forever(server):
 
 def test_redraw_refuses_bad_history_values_and_keeps_the_views(server):
     _, txl_app = server
-    assert txl_app.redraw(-1, None, None, None) == (gr.skip(),) * 4  # no session yet
-    state = txl_app.ensure(None)
-    text_view, attention, summary, bars = txl_app.redraw(0, None, None, state)  # no step yet
+    assert txl_app.watch.redraw(-1, None, None, None) == (gr.skip(),) * 4  # no session yet
+    state = txl_app.service.ensure(None)
+    text_view, attention, summary, bars = txl_app.watch.redraw(0, None, None, state)  # no step yet
     assert attention is None and text_view["w"] is None and summary is bars is None
     for _ in range(3):
-        txl_app.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
+        txl_app.watch.step(PROMPT, True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, state)
     text = state.session.text
     for back, why in ((1, "between"), (-(10**6), "between"), ("x", "number"), (0.5, "integer")):
         with pytest.raises(gr.Error, match=f"history.*{why}"):
-            txl_app.redraw(back, None, None, state)
+            txl_app.watch.redraw(back, None, None, state)
     assert state.session.text == text and len(state.session.history) == 3
     # unknown layer or head names fall back to the means; -k is k steps back
-    text_view, attention, *_ = txl_app.redraw(-1, "layer 99", "head x", state)
+    text_view, attention, *_ = txl_app.watch.redraw(-1, "layer 99", "head x", state)
     assert attention["rows"] == ["layer 0", "layer 1"] and attention["pos"] == len(text) - 2
     assert text_view["layer"] == "mean over layers"

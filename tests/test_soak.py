@@ -100,7 +100,7 @@ def test_40_sessions_under_a_small_budget(tmp_path):
         # The sessions expire: CAP newer sessions push them out of Gradio's session store
         # (state_session_capacity drops them without a callback, as it does on a Space),
         # and their files go with them. (Expiry by TXL_SESSION_TTL, which calls
-        # Sessions.release, is tests/test_budget.py's; a TTL short enough to wait for here
+        # Visitors.release, is tests/test_budget.py's; a TTL short enough to wait for here
         # would expire sessions in the middle of a slow soak.)
         with httpx.Client(timeout=300) as client:
             for _ in range(CAP):

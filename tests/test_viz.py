@@ -1,4 +1,5 @@
-"""webapp.viz on synthetic arrays: roles, boundary, bucketing, hover data, exports."""
+"""The Watch and Score tabs' views (webapp.watch_viz, webapp.score_viz) on synthetic arrays:
+roles, boundary, bucketing, hover data, exports."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from webapp import viz
+from webapp import score_viz, watch_viz
+from webapp.tabs import score as score_tab
 
 
 def attention(n_layer: int, n_head: int, n_keys: int, seed: int = 0) -> np.ndarray:
@@ -40,19 +42,19 @@ def validated(fig: go.Figure) -> go.Figure:
 
 
 def test_text_roles_partition():
-    roles = viz.text_roles(10, first_key=2, memory_end=6, newest=9)
+    roles = watch_viz.text_roles(10, first_key=2, memory_end=6, newest=9)
     assert list(roles) == ["gone"] * 2 + ["memory"] * 4 + ["current"] * 3 + ["newest"]
-    assert list(viz.text_roles(3, first_key=-5, memory_end=99)) == ["memory"] * 3
+    assert list(watch_viz.text_roles(3, first_key=-5, memory_end=99)) == ["memory"] * 3
 
 
 def test_roles_from_trace_and_info():
     t = make_trace(n_keys=6, n_memory=4, position=9)  # keys 4..9, memory 4..7
-    roles = viz.roles_from_trace(10, t)
+    roles = watch_viz.roles_from_trace(10, t)
     assert list(roles) == ["gone"] * 4 + ["memory"] * 4 + ["current", "newest"]
     on = {"memory": True, "span": (3, 10), "context": 7}
-    assert list(viz.roles_from_info(10, on)) == ["gone"] * 3 + ["memory"] * 7
+    assert list(watch_viz.roles_from_info(10, on)) == ["gone"] * 3 + ["memory"] * 7
     off = {"memory": False, "span": (10, 10), "context": 4}
-    assert list(viz.roles_from_info(10, off)) == ["gone"] * 6 + ["current"] * 4
+    assert list(watch_viz.roles_from_info(10, off)) == ["gone"] * 6 + ["current"] * 4
 
 
 def runs_positions(view: dict) -> list[int]:
@@ -62,28 +64,28 @@ def runs_positions(view: dict) -> list[int]:
 
 def test_text_view_runs_cover_the_text_by_role():
     text = "<b>${x}</b>\n"
-    roles = viz.text_roles(len(text), 2, 6, newest=len(text) - 1)
-    view = json.loads(json.dumps(viz.text_view(text, roles)))  # plain JSON
+    roles = watch_viz.text_roles(len(text), 2, 6, newest=len(text) - 1)
+    view = json.loads(json.dumps(watch_viz.text_view(text, roles)))  # plain JSON
     assert runs_positions(view) == list(range(len(text)))  # contiguous, in order
     assert "".join("".join(piece) for _, _, piece in view["runs"]) == text  # raw: JS escapes
     assert [role for role, _, _ in view["runs"]] == ["gone", "memory", "current", "newest"]
     for role, first, piece in view["runs"]:
         assert all(roles[first + i] == role for i in range(len(piece)))
     assert view["earlier"] == 0 and view["w"] is None and view["pos"] == -1
-    assert view["labels"] == viz.ROLE_LABELS and view["memory"]
-    off = viz.text_view(text, roles, memory=False)
-    assert off["labels"] == viz.ROLE_LABELS_NO_MEMORY and not off["memory"]
-    long = viz.text_view("a" * 100, ["memory"] * 100, max_chars=10)
+    assert view["labels"] == watch_viz.ROLE_LABELS and view["memory"]
+    off = watch_viz.text_view(text, roles, memory=False)
+    assert off["labels"] == watch_viz.ROLE_LABELS_NO_MEMORY and not off["memory"]
+    long = watch_viz.text_view("a" * 100, ["memory"] * 100, max_chars=10)
     assert long["earlier"] == 90 and runs_positions(long) == list(range(90, 100))
     with pytest.raises(ValueError):
-        viz.text_view("abc", ["memory"])
+        watch_viz.text_view("abc", ["memory"])
 
 
 def test_text_view_weights_line_up_with_the_keys():
     t = make_trace(n_keys=8, n_memory=7, position=20)  # keys 13..20
     text = "abcdefghijklmnopqrstu"
-    roles = viz.roles_from_trace(len(text), t)
-    view = viz.text_view(text, roles, t)
+    roles = watch_viz.roles_from_trace(len(text), t)
+    view = watch_viz.text_view(text, roles, t)
     assert view["w0"] == 13 and len(view["w"]) == 8 and view["pos"] == 20
     np.testing.assert_allclose(view["w"], t.attentions.mean(axis=(0, 1)), atol=1e-5)
     assert runs_positions(view) == list(range(len(text)))
@@ -95,14 +97,14 @@ def test_text_view_weights_line_up_with_the_keys():
         else:
             assert first + len(piece) <= 13
     assert view["layer"] == "mean over layers" and view["head"] == "mean over heads"
-    one = viz.text_view(text, roles, t, layer=1, head=2)
-    np.testing.assert_allclose(one["w"], viz.text_weights(t, 1, 2), atol=1e-5)
+    one = watch_viz.text_view(text, roles, t, layer=1, head=2)
+    np.testing.assert_allclose(one["w"], watch_viz.text_weights(t, 1, 2), atol=1e-5)
     np.testing.assert_allclose(one["w"], t.attentions[1, 2], atol=1e-5)
     assert one["layer"] == "layer 1" and one["head"] == "head 2"
-    np.testing.assert_allclose(viz.text_weights(t, 0), t.attentions[0].mean(0), atol=1e-6)
-    np.testing.assert_allclose(viz.text_weights(t, None, 1), t.attentions[:, 1].mean(0))
+    np.testing.assert_allclose(watch_viz.text_weights(t, 0), t.attentions[0].mean(0), atol=1e-6)
+    np.testing.assert_allclose(watch_viz.text_weights(t, None, 1), t.attentions[:, 1].mean(0))
     # a step without attention shades nothing
-    bare = viz.text_view(text, roles, make_trace(n_keys=8, n_memory=7, position=20,
+    bare = watch_viz.text_view(text, roles, make_trace(n_keys=8, n_memory=7, position=20,
                                                  attentions=False))
     assert bare["w"] is None and all(isinstance(p, str) for _, _, p in bare["runs"])
 
@@ -119,7 +121,7 @@ def test_text_view_weights_line_up_with_the_keys():
     ],
 )
 def test_bucket_keys_cover_keys_and_respect_boundary(n_keys, n_memory, max_cols):
-    buckets = viz.bucket_keys(n_keys, n_memory, max_cols)
+    buckets = watch_viz.bucket_keys(n_keys, n_memory, max_cols)
     assert len(buckets) <= max_cols
     assert buckets[0][0] == 0 and buckets[-1][1] == n_keys
     assert all(a < b for a, b in buckets)
@@ -132,7 +134,7 @@ def test_bucket_keys_cover_keys_and_respect_boundary(n_keys, n_memory, max_cols)
 def test_attention_view_columns_and_hover_data():
     t = make_trace(n_keys=40, n_memory=30, position=100)  # keys 61..100
     text = "x" * 95 + "hello!"
-    view = json.loads(json.dumps(viz.attention_view(t, text)))  # plain JSON
+    view = json.loads(json.dumps(watch_viz.attention_view(t, text)))  # plain JSON
     assert view["rows"] == ["layer 0", "layer 1"]  # layers as rows
     assert np.asarray(view["w"]).shape == (2, 40)  # one column per key
     np.testing.assert_allclose(view["w"], t.attentions.mean(axis=1), atol=1e-4)
@@ -143,20 +145,20 @@ def test_attention_view_columns_and_hover_data():
     assert view["n_mem_cols"] == 30 and view["n_keys"] == 40 and view["history"] is None
     mass = t.attentions.mean(axis=1)[:, :30].sum(-1)
     np.testing.assert_allclose(view["mass"], mass, atol=1e-4)
-    spaced = viz.attention_view(make_trace(n_keys=3, n_memory=2, position=2), "a \n")
+    spaced = watch_viz.attention_view(make_trace(n_keys=3, n_memory=2, position=2), "a \n")
     assert spaced["labels"] == ["a", "␣", "↵"]  # whitespace made visible
-    assert viz.attention_view(t, None)["labels"][0] == "#61"  # no text: positions
-    assert viz.attention_view(t, text, history=(3, 10))["history"] == [3, 10]
+    assert watch_viz.attention_view(t, None)["labels"][0] == "#61"  # no text: positions
+    assert watch_viz.attention_view(t, text, history=(3, 10))["history"] == [3, 10]
 
 
 def test_attention_view_buckets_long_memory():
     n_keys, n_memory = 2049, 2048
     t = make_trace(n_keys=n_keys, n_memory=n_memory, position=3000)  # keys 952..3000
-    view = viz.attention_view(t, "ab" * 1600, max_cols=128)
+    view = watch_viz.attention_view(t, "ab" * 1600, max_cols=128)
     w = np.asarray(view["w"])
     assert w.shape == (2, len(view["first"])) and w.shape[1] <= 128
     np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-3)  # buckets sum the weights
-    buckets = viz.bucket_keys(n_keys, n_memory, 128)
+    buckets = watch_viz.bucket_keys(n_keys, n_memory, 128)
     keys = t.key_positions
     assert view["first"] == [int(keys[a]) for a, _ in buckets]
     assert view["last"] == [int(keys[b - 1]) for _, b in buckets]
@@ -175,51 +177,51 @@ def test_attention_view_buckets_long_memory():
 def test_attention_view_layer_and_head_rows():
     t = make_trace(n_keys=20, n_memory=10, position=30)
     a = t.attentions  # [2 layers, 3 heads, 20]
-    one_layer = viz.attention_view(t, None, layer=1)
+    one_layer = watch_viz.attention_view(t, None, layer=1)
     assert one_layer["rows"] == [f"L1 head {h}" for h in range(3)] + ["L1 mean"]
     np.testing.assert_allclose(one_layer["w"][:3], a[1], atol=1e-4)
     np.testing.assert_allclose(one_layer["w"][3], a[1].mean(0), atol=1e-4)
-    one_head = viz.attention_view(t, None, layer=0, head=2)
+    one_head = watch_viz.attention_view(t, None, layer=0, head=2)
     assert one_head["rows"] == ["L0 head 2"]
     np.testing.assert_allclose(one_head["w"][0], a[0, 2], atol=1e-4)
-    head_all_layers = viz.attention_view(t, None, head=0)
+    head_all_layers = watch_viz.attention_view(t, None, head=0)
     assert head_all_layers["rows"] == ["layer 0 h0", "layer 1 h0"]
     np.testing.assert_allclose(head_all_layers["w"], a[:, 0], atol=1e-4)
     for view in (one_layer, one_head, head_all_layers):  # every row sums to 1
         np.testing.assert_allclose(np.asarray(view["w"]).sum(1), 1.0, atol=1e-3)
     with pytest.raises(ValueError):
-        viz.attention_view(t, None, layer=2)
+        watch_viz.attention_view(t, None, layer=2)
     bad = make_trace(n_keys=20, n_memory=10, position=30)
     bad.attentions = bad.attentions[0]  # [H, K]: not [L, H, K]
     with pytest.raises(ValueError):
-        viz.attention_view(bad, None)
+        watch_viz.attention_view(bad, None)
 
 
 def test_attention_view_without_memory():
     t = make_trace(n_keys=16, n_memory=0, memory=False)
-    view = viz.attention_view(t, "z" * 30)
+    view = watch_viz.attention_view(t, "z" * 30)
     assert view["n_mem_cols"] == 0 and not view["memory"]
     assert view["mass"] == [0.0, 0.0]
     np.testing.assert_allclose(np.asarray(view["w"]).sum(1), 1.0, atol=1e-3)
     with pytest.raises(ValueError):
-        viz.attention_view(make_trace(attentions=False), "z" * 60)
+        watch_viz.attention_view(make_trace(attentions=False), "z" * 60)
 
 
 def test_memory_mass():
     a = np.zeros((2, 2, 4))
     a[0, :, :3] = 1 / 3  # layer 0: all on memory
     a[1, :, 3] = 1.0  # layer 1: all on the newest key
-    np.testing.assert_allclose(viz.memory_mass(a, 3), [[1, 1], [0, 0]])
-    np.testing.assert_allclose(viz.memory_mass(a, 0), 0.0)
+    np.testing.assert_allclose(watch_viz.memory_mass(a, 3), [[1, 1], [0, 0]])
+    np.testing.assert_allclose(watch_viz.memory_mass(a, 0), 0.0)
     # keys 10..13 for a query at 13: keys 10 and 11 are 2 or more back
-    assert viz.far_keys(np.arange(10, 14), 13, far=2) == 2
+    assert watch_viz.far_keys(np.arange(10, 14), 13, far=2) == 2
 
 
 def test_surprisal_figure_and_rolling_mean():
-    np.testing.assert_allclose(viz.rolling_mean(np.array([1, 3, 5, 7.0]), 2), [1, 2, 4, 6])
+    np.testing.assert_allclose(score_viz.rolling_mean(np.array([1, 3, 5, 7.0]), 2), [1, 2, 4, 6])
     bits_with, bits_without = np.full(100, 1.0), np.full(100, 2.0)
     fig = validated(
-        viz.surprisal_figure(["a"] * 100, bits_with, bits_without, 1.0, 2.0, seg_len=32)
+        score_viz.surprisal_figure(["a"] * 100, bits_with, bits_without, 1.0, 2.0, seg_len=32)
     )
     names = [t.name for t in fig.data]
     # The old positional call (no sliding window, no times): two curves, baselines named.
@@ -227,18 +229,18 @@ def test_surprisal_figure_and_rolling_mean():
     assert len([s for s in fig.layout.shapes if s.type == "line"]) == 3  # segment starts
     assert "+1.000 vs segments of 32 read alone" in fig.layout.title.text
     with pytest.raises(ValueError):
-        viz.surprisal_figure(["a"], bits_with, bits_without, 1.0, 2.0)
+        score_viz.surprisal_figure(["a"], bits_with, bits_without, 1.0, 2.0)
 
 
 def test_exports_are_json():
     t = make_trace(n_keys=8, n_memory=7, position=20)
     text = "abcdefghijklmnopqrstu"
-    data = json.loads(json.dumps(viz.attention_export(t, text)))
+    data = json.loads(json.dumps(watch_viz.attention_export(t, text)))
     assert data["key_positions"] == list(range(13, 21))
     assert data["key_chars"] == list(text[13:21])
     assert np.asarray(data["attentions"]).shape == (2, 3, 8)
     assert data["n_memory"] == 7 and data["char"] == "e"
-    summary = viz.step_summary(t, {"context": 8}, far=4)
+    summary = watch_viz.step_summary(t, {"context": 8}, far=4)
     assert summary["key_range"] == [13, 20] and summary["context"] == 8
     assert len(summary["memory_mass_per_layer"]) == 2
     far = t.attentions[:, :, :4].sum(-1).mean(-1)  # keys 13..16 are 4 or more back from 20
@@ -247,11 +249,11 @@ def test_exports_are_json():
 
 def test_status_markdown():
     on = {"memory": True, "tokens": 64, "mem_len": 128, "bytes": 3 * 2**20, "context": 65}
-    line = viz.status_markdown(on, 200, latency_ms=2.345)
+    line = watch_viz.status_markdown(on, 200, latency_ms=2.345)
     assert "Memory **on**" in line and "64/128" in line and "3.0 MB" in line
     assert "**65**" in line and "2.3 ms" in line
     off = {"memory": False, "tokens": 0, "mem_len": 128, "bytes": 0, "context": 64}
-    assert "Memory **off**" in viz.status_markdown(off, 200)
+    assert "Memory **off**" in watch_viz.status_markdown(off, 200)
 
 
 def score_result(n=100, sliding=True):
@@ -266,7 +268,7 @@ def score_result(n=100, sliding=True):
 
 
 def test_surprisal_figure_three_curves_with_times():
-    fig = validated(viz.surprisal_figure_from_result(score_result()))
+    fig = validated(score_viz.surprisal_figure_from_result(score_result()))
     names = [t.name for t in fig.data if t.showlegend is not False]
     assert names == [
         "segments of 32 read alone: 2.000 bpc (40 ms)",
@@ -276,47 +278,49 @@ def test_surprisal_figure_three_curves_with_times():
     assert len(fig.data) == 6  # raw and rolling mean of each
     assert "+1.000 vs segments of 32 read alone" in fig.layout.title.text
     assert "+0.250 vs the sliding window of 32" in fig.layout.title.text
-    two = validated(viz.surprisal_figure_from_result(score_result(sliding=False)))
+    two = validated(score_viz.surprisal_figure_from_result(score_result(sliding=False)))
     assert len([t for t in two.data if t.showlegend is not False]) == 2
     with pytest.raises(ValueError):
-        viz.surprisal_figure(["a"] * 3, np.ones(3), np.ones(3), 1, 1, bits_sliding=np.ones(2))
+        score_viz.surprisal_figure(["a"] * 3, np.ones(3), np.ones(3), 1, 1, bits_sliding=np.ones(2))
 
 
 def test_score_markdown_names_every_baseline():
-    text = viz.score_markdown(score_result(), 32, 64)
+    text = score_viz.score_markdown(score_result(), 32, 64)
     assert "**100 characters** scored in bits per character" in text
     assert "segments of 32 read alone" in text and "sliding window of 32" in text
     assert "Memory vs segments read alone: saves 1.000 bpc" in text
     assert "Memory vs the sliding window of 32: saves 0.250 bpc, 50x faster" in text
     r = score_result()
     r.bpc_sliding = 1.005
-    assert "about the same" in viz.score_markdown(r, 32, 64)
+    assert "about the same" in score_viz.score_markdown(r, 32, 64)
     r.bpc_sliding = 0.9
-    assert "costs 0.100 bpc more" in viz.score_markdown(r, 32, 64)
-    old = viz.score_markdown(score_result(sliding=False), 32, 64)  # a result without one
+    assert "costs 0.100 bpc more" in score_viz.score_markdown(r, 32, 64)
+    old = score_viz.score_markdown(score_result(sliding=False), 32, 64)  # a result without one
     assert "sliding" not in old and "saves 1.000 bpc" in old
 
 
 def test_context_figure_marks_the_effective_context():
     sweep = SimpleNamespace(mem_lens=[0, 16, 32, 64, 1024], bpc=[3.0, 2.5, 2.01, 2.0, 2.0],
                             seconds=[0.1] * 5, seg_len=64, effective=32, tolerance=0.01)
-    fig = validated(viz.context_figure(sweep, sliding_bpc=2.2))
-    x = viz.context_axis(sweep.mem_lens)
+    fig = validated(score_viz.context_figure(sweep, sliding_bpc=2.2))
+    x = score_viz.context_axis(sweep.mem_lens)
     np.testing.assert_allclose(x, [3, 4, 5, 6, 10])  # log2, and 0 one step left of 16
     assert list(fig.layout.xaxis.ticktext) == ["0", "16", "32", "64", "1,024"]
     line = [s for s in fig.layout.shapes if s.type == "line"][0]
     assert line.x0 == 5  # at memory 32
     assert any("effective context: 32" in a.text for a in fig.layout.annotations)
     assert len(fig.data) == 2 and "sliding window of 64" in fig.data[1].name
-    assert "Effective context: 32" in viz.context_markdown(sweep)
-    assert isinstance(viz.SCORE_HELP, str) and "sliding window" in viz.SCORE_HELP.lower()
-    assert "effective context" in viz.CONTEXT_HELP.lower()
+    assert "Effective context: 32" in score_viz.context_markdown(sweep)
+    help_text = score_tab.SCORE_HELP
+    assert isinstance(help_text, str) and "sliding window" in help_text.lower()
+    assert "effective context" in score_tab.CONTEXT_HELP.lower()
 
 
 def test_score_numbers_are_plain_json():
     sweep = SimpleNamespace(mem_lens=[0, 16, 32], bpc=[3.0, 2.5, float("nan")],
                             seconds=[0.1] * 3, seg_len=32, effective=16, tolerance=0.01)
-    numbers = json.loads(json.dumps(viz.score_numbers(score_result(), sweep), allow_nan=False))
+    numbers = score_viz.score_numbers(score_result(), sweep)
+    numbers = json.loads(json.dumps(numbers, allow_nan=False))
     r = score_result()
     assert numbers["tokens"] == len(r.chars) and numbers["sliding_window"] == r.window
     assert numbers["seg_len"] == r.seg_len and numbers["mem_len"] == r.mem_len
@@ -325,7 +329,7 @@ def test_score_numbers_are_plain_json():
     assert numbers["seconds"]["sliding_window"] == r.seconds_sliding
     assert numbers["context_sweep"] == {"mem_len": [0, 16, 32], "bpc": [3.0, 2.5, None],
                                         "effective_context": 16}
-    alone = viz.score_numbers(score_result(sliding=False))  # NaN -> null, no sweep
+    alone = score_viz.score_numbers(score_result(sliding=False))  # NaN -> null, no sweep
     assert alone["bpc"]["sliding_window"] is None and alone["seconds"]["sliding_window"] is None
     assert "context_sweep" not in alone
 
@@ -336,22 +340,23 @@ def test_score_numbers_are_plain_json():
 def test_roles_mark_the_memory_beyond_the_window():
     # keys 4..19 for the newest token at 19; memory 4..18; a window of 6: positions 14..19
     t = make_trace(n_keys=16, n_memory=15, position=19)
-    roles = viz.roles_from_trace(20, t, window=6)
+    roles = watch_viz.roles_from_trace(20, t, window=6)
     assert list(roles) == ["gone"] * 4 + ["far"] * 10 + ["memory"] * 5 + ["newest"]
-    assert list(viz.roles_from_trace(20, t)) == ["gone"] * 4 + ["memory"] * 15 + ["newest"]
+    assert list(watch_viz.roles_from_trace(20, t)) == ["gone"] * 4 + ["memory"] * 15 + ["newest"]
     # A window longer than the memory reaches: nothing is beyond it.
-    assert "far" not in viz.roles_from_trace(20, t, window=40)
+    assert "far" not in watch_viz.roles_from_trace(20, t, window=40)
     # No fresh step: the window is the last 6 tokens of the text.
     on = {"memory": True, "span": (3, 20), "context": 17}
-    assert list(viz.roles_from_info(20, on, 6)) == ["gone"] * 3 + ["far"] * 11 + ["memory"] * 6
+    roles = list(watch_viz.roles_from_info(20, on, 6))
+    assert roles == ["gone"] * 3 + ["far"] * 11 + ["memory"] * 6
     off = {"memory": False, "span": (20, 20), "context": 6}
-    assert list(viz.roles_from_info(20, off, 6)) == ["gone"] * 14 + ["current"] * 6
+    assert list(watch_viz.roles_from_info(20, off, 6)) == ["gone"] * 14 + ["current"] * 6
 
 
 def test_text_view_starts_a_run_at_the_windows_edge():
     t = make_trace(n_keys=16, n_memory=15, position=19)
     text = "abcdefghijklmnopqrst"
-    view = viz.text_view(text, viz.roles_from_trace(20, t, 6), t, window=6)
+    view = watch_viz.text_view(text, watch_viz.roles_from_trace(20, t, 6), t, window=6)
     assert view["window"] == 6 and view["window_start"] == 14
     assert [first for _, first, _ in view["runs"]].count(14) == 1
     assert [role for role, first, _ in view["runs"] if first == 14] == ["memory"]
@@ -359,12 +364,12 @@ def test_text_view_starts_a_run_at_the_windows_edge():
     # Memory too short to reach back past the window: the edge falls in "gone", a run starts
     # there all the same (the browser marks the run that starts at window_start).
     short = make_trace(n_keys=3, n_memory=2, position=19)
-    view = viz.text_view(text, viz.roles_from_trace(20, short, 6), short, window=6)
+    view = watch_viz.text_view(text, watch_viz.roles_from_trace(20, short, 6), short, window=6)
     assert 14 in [first for _, first, _ in view["runs"]]
     assert runs_positions(view) == list(range(20))
-    whole = viz.text_view(text[:5], ["memory"] * 5, window=6)  # all of it inside the window
+    whole = watch_viz.text_view(text[:5], ["memory"] * 5, window=6)  # all of it inside the window
     assert whole["window_start"] is None
-    assert viz.text_view(text, ["memory"] * 20)["window_start"] is None  # no window given
+    assert watch_viz.text_view(text, ["memory"] * 20)["window_start"] is None  # no window given
 
 
 @pytest.mark.parametrize(
@@ -379,7 +384,7 @@ def test_text_view_starts_a_run_at_the_windows_edge():
     ],
 )
 def test_bucket_keys_respect_the_windows_edge(n_keys, n_memory, n_far, max_cols):
-    buckets = viz.bucket_keys(n_keys, n_memory, max_cols, n_far)
+    buckets = watch_viz.bucket_keys(n_keys, n_memory, max_cols, n_far)
     assert len(buckets) <= max_cols
     assert buckets[0][0] == 0 and buckets[-1][1] == n_keys
     assert all(b1 == a2 for (_, b1), (a2, _) in zip(buckets, buckets[1:]))  # contiguous
@@ -394,7 +399,8 @@ def test_attention_view_share_beyond_the_window_is_its_columns_summed(n_keys, n_
     the keys ``window`` or more back, summed directly."""
     window = 16
     t = make_trace(n_keys=n_keys, n_memory=n_memory, position=5000)
-    view = json.loads(json.dumps(viz.attention_view(t, None, max_cols=max_cols, window=window)))
+    view = watch_viz.attention_view(t, None, max_cols=max_cols, window=window)
+    view = json.loads(json.dumps(view))
     direct = t.attentions.astype(np.float64)[..., : n_keys - window].sum(-1).mean(-1)  # [L]
     assert view["n_far"] == n_keys - window and view["window"] == window
     cols = view["n_far_cols"]
@@ -403,34 +409,34 @@ def test_attention_view_share_beyond_the_window_is_its_columns_summed(n_keys, n_
     w = np.asarray(view["w"])
     np.testing.assert_allclose(w[:, :cols].sum(1), direct, atol=2e-4)
     np.testing.assert_allclose(view["far"], direct, atol=1e-4)
-    summary = viz.step_summary(t, far=window)
+    summary = watch_viz.step_summary(t, far=window)
     np.testing.assert_allclose(summary["far_mass_per_layer"], view["far"], atol=1e-4)
     # Columns whose newest key is `window` or more back: the same ones, by position.
     beyond = [c for c, last in enumerate(view["last"]) if 5000 - last >= window]
     assert beyond == list(range(cols))
     # One layer: its heads and their mean.
-    heads = viz.attention_view(t, None, layer=1, max_cols=max_cols, window=window)
+    heads = watch_viz.attention_view(t, None, layer=1, max_cols=max_cols, window=window)
     far = t.attentions[1].astype(np.float64)[:, : n_keys - window].sum(-1)
     np.testing.assert_allclose(heads["far"], [*far, far.mean()], atol=1e-4)
-    none = viz.attention_view(t, None, max_cols=max_cols)  # no window: no edge
+    none = watch_viz.attention_view(t, None, max_cols=max_cols)  # no window: no edge
     assert none["n_far_cols"] == 0 and none["far"] == [0.0, 0.0]
 
 
 def test_beyond_window_share_is_the_text_shading_summed_before_the_window():
     t = make_trace(n_keys=40, n_memory=39, position=100)  # keys 61..100
     for layer, head in ((None, None), (1, None), (None, 2), (0, 1)):
-        share = viz.beyond_window_share(t, 16, layer, head)
-        weights = viz.text_weights(t, layer, head)
+        share = watch_viz.beyond_window_share(t, 16, layer, head)
+        weights = watch_viz.text_weights(t, layer, head)
         assert share == pytest.approx(float(weights[:24].sum()), abs=1e-6)  # keys 61..84
-    assert viz.beyond_window_share(make_trace(attentions=False), 16) is None
-    assert viz.beyond_window_share(t, 64) == 0.0  # every key within the window
-    assert viz.choice_words(None, None) == "mean over layers and heads"
-    assert viz.choice_words(2, 1) == "layer 2, head 1"
+    assert watch_viz.beyond_window_share(make_trace(attentions=False), 16) is None
+    assert watch_viz.beyond_window_share(t, 64) == 0.0  # every key within the window
+    assert watch_viz.choice_words(None, None) == "mean over layers and heads"
+    assert watch_viz.choice_words(2, 1) == "layer 2, head 1"
 
 
 def test_status_leads_with_the_attention_beyond_the_window():
     on = {"memory": True, "tokens": 64, "mem_len": 128, "bytes": 3 * 2**20, "context": 65}
-    line = viz.status_markdown(on, 200, beyond=(0.1234, 64, "layer 2, head 1"))
+    line = watch_viz.status_markdown(on, 200, beyond=(0.1234, 64, "layer 2, head 1"))
     assert line.startswith("attention beyond the window: **12.3 %** (layer 2, head 1;")
     assert "last 64 characters" in line and "Memory **on**" in line
 
@@ -471,7 +477,7 @@ def test_moments_view_shades_by_the_bits_saved_and_lists_the_moments():
     r.pieces = [r.first, *r.chars]
     r.bits_sliding = np.linspace(1, 4, 30)
     moments = top_moments(r.pieces, r.bits_with, r.bits_sliding, k=5)
-    view = json.loads(json.dumps(viz.moments_view(r, moments)))
+    view = json.loads(json.dumps(score_viz.moments_view(r, moments)))
     assert view["text"] == "X" + "a" * 30 and view["effect"]["start"] == 1
     assert view["effect"]["with"] == [100] * 30  # 1 bit each, in centibits
     assert view["effect"]["without"] == [round(100 * b) for b in r.bits_sliding]
@@ -479,12 +485,12 @@ def test_moments_view_shades_by_the_bits_saved_and_lists_the_moments():
     assert view["moments"][0]["context_start"] == 0  # 40 back is before the text's start
     assert view["bits_saved"] == pytest.approx(float((r.bits_sliding - 1).sum()), abs=1e-4)
     assert (view["window"], view["mem_len"], view["context"]) == (32, 64, 40)
-    assert viz.moments_view(score_result(sliding=False), None) is None
-    choices = viz.moment_choices(moments)
+    assert score_viz.moments_view(score_result(sliding=False), None) is None
+    choices = score_viz.moment_choices(moments)
     assert choices[0] == ("1. 'a' at 30: memory saved 3.00 bits (4.00 -> 1.00)", 30)
-    numbers = viz.score_numbers(r, None, moments)
+    numbers = score_viz.score_numbers(r, None, moments)
     assert [m["position"] for m in numbers["moments"]] == [30, 29, 28, 27, 26]
     assert set(numbers["moments"][0]) == {
         "position", "char", "bits_memory", "bits_window", "bits_saved", "context"
     }
-    assert viz.score_numbers(r)["moments"] is None  # before the sliding window is done
+    assert score_viz.score_numbers(r)["moments"] is None  # before the sliding window is done

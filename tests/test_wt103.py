@@ -28,7 +28,7 @@ from tests.tolerance import AGAINST_REFERENCE, REFERENCE_FLOOR, ROW_SUM, assert_
 from txl import TransformerXL
 from txl.hub import TXLLoadError
 from txl.session import Session
-from webapp.viz import token_label
+from webapp.figures import token_label
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "transfo-xl/transfo-xl-wt103"
@@ -181,8 +181,8 @@ def test_the_app_loads_generates_and_shows_attention(hub_files, caches, monkeypa
     hf_home, _ = caches
     monkeypatch.setenv("TXL_SESSION_MEMORY_MB", "0.01")
     with FakeHub({REPO: hub_files}) as hub, hub_environment(hub.url, hf_home):
-        txl_app = app.TXLApp(REPO)
-        assert txl_app.load_error is None
+        txl_app = app.Demo.serving(REPO)
+        assert txl_app.service.load_error is None
         demo = txl_app.build()
         _, url, _ = app.launch(demo, server_name="127.0.0.1", server_port=None,
                                prevent_thread_lock=True, quiet=True, ssr_mode=False)
@@ -194,8 +194,8 @@ def test_the_app_loads_generates_and_shows_attention(hub_files, caches, monkeypa
         finally:
             demo.close()
     assert text.startswith("The city ") and len(text.split()) >= 8
-    assert "words" in txl_app.model_info()
-    assert "memory capped at 8 positions per session" in txl_app.model_info()
+    assert "words" in txl_app.watch.model_info()
+    assert "memory capped at 8 positions per session" in txl_app.watch.model_info()
     assert summary["memory_tokens"] == 8  # asked for 12, capped
     assert summary["predictions"]["chosen"] == summary["char"].removeprefix(" ")  # a word
     assert summary["n_keys"] >= 2 and attention["n_keys"] == summary["n_keys"]

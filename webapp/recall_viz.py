@@ -14,9 +14,7 @@ import math
 
 from txl.recall import CUE, DISTANCES, RECALLED_BITS, RecallRow, recall_summary
 
-from .viz import MEMORY_COLOR, SEGMENTS_COLOR, SLIDING_COLOR, figure
-
-TRANSPARENT = {"paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)"}
+from .figures import MEMORY_COLOR, SEGMENTS_COLOR, SLIDING_COLOR, chart
 
 
 def recall_numbers(
@@ -134,30 +132,19 @@ def recall_figure(rows: list[RecallRow], mem_len: int, window: int, distances=DI
             "font": {"size": 10, "color": "#6b7280"},
         }
     )
-    return figure(
-        {
-            "data": data,
-            "layout": {
-                "title": {"text": "How far back can it recall?", "font": {"size": 13}},
-                "xaxis": {
-                    "type": "log",
-                    "title": {"text": "k: characters of filler between the name and its return"},
-                    "tickvals": sorted({*distances, *ks}),
-                    "ticktext": [f"{k:,}" for k in sorted({*distances, *ks})],
-                    # log axis: the range is in log10 units, a little beyond the ends
-                    "range": [math.log10(lo) - 0.1, math.log10(hi) + 0.1],
-                },
-                "yaxis": {
-                    "title": {"text": "bits per character of the name's rest"},
-                    "rangemode": "tozero",
-                },
-                "shapes": shapes,
-                "annotations": annotations,
-                "height": 360,
-                "margin": {"l": 10, "r": 10, "t": 50, "b": 40},
-                "legend": {"orientation": "h", "y": -0.25},
-                "hovermode": "closest",
-                **TRANSPARENT,
-            },
-        }
+    return chart(
+        "How far back can it recall?",
+        data,
+        xaxis={
+            "type": "log",
+            "title": {"text": "k: characters of filler between the name and its return"},
+            "tickvals": sorted({*distances, *ks}),
+            "ticktext": [f"{k:,}" for k in sorted({*distances, *ks})],
+            # log axis: the range is in log10 units, a little beyond the ends
+            "range": [math.log10(lo) - 0.1, math.log10(hi) + 0.1],
+        },
+        yaxis={"title": {"text": "bits per character of the name's rest"}, "rangemode": "tozero"},
+        height=360,
+        shapes=shapes,
+        annotations=annotations,
     )

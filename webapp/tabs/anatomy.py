@@ -2,7 +2,7 @@
 memory, and what the heads did, by distance: the paper's Figure 5 (each head's average
 attention) and Figure 7 (the terms (a), (b), (d) each softmaxed alone), live on this model.
 
-    build(app, examples) -> dict of components     wire(app, ui, state)
+    AnatomyTab(service).build(examples) -> dict of components     .wire(ui, state)
 
 The numbers come from txl.anatomy, the figures and words from webapp.anatomy_viz; here only
 the layout, the input checks and the streaming. Long work follows the Score tab's rules:
@@ -22,7 +22,10 @@ import gradio as gr
 
 from txl import anatomy
 from webapp import anatomy_viz
-from webapp.serve import as_int
+from webapp.inputs import as_int
+from webapp.serve import DemoService
+
+from .parts import example_texts, mem_len_and_run
 
 MAX_CHARS = 5_000  # ~10 s for the bundled model at mem_len 128 on the shared 2-core machine
 MAX_MEM_LEN = 512  # docs/figures.md's figures: 128 (as trained) and 512
@@ -58,65 +61,120 @@ single prediction. The PNGs download from each figure; `/anatomy` returns the nu
 """
 
 
-def build(app, examples: dict[str, str]) -> dict:
-    """Text (an example filled in, so that the first click works), mem_len, the button;
-    the words, Figure 5 and Figure 7, their order and the head of Figure 7."""
-    anatomy_viz.load_matplotlib()
-    model = app.default_model
-    mem_len = min(MAX_MEM_LEN, app.start_mem_len(model)) if model else 128
-    ui = {}
-    with gr.Row():
-        with gr.Column(scale=4, min_width=300):
-            ui["anatomy_text"] = gr.Textbox(
-                next(iter(examples.values()), ""),
-                lines=10,
-                max_lines=20,
-                label=f"Text (up to {MAX_CHARS:,} characters)",
-                elem_id="anatomy_text",
+class AnatomyTab:
+    """The tab's layout and wiring, on the shared service; its handlers are ``read`` and
+    ``draw`` below (functions of the service, tested without a page)."""
+
+    def __init__(self, service: DemoService):
+        self.service = service
+
+    def build(self, examples: dict[str, str]) -> dict:
+        """Text (an example filled in, so that the first click works), mem_len, the button;
+        the words, Figure 5 and Figure 7, their order and the head of Figure 7."""
+        anatomy_viz.load_matplotlib()
+        model = self.service.default_model
+        mem_len = min(MAX_MEM_LEN, self.service.start_mem_len(model)) if model else 128
+        ui = {}
+        with gr.Row():
+            with gr.Column(scale=4, min_width=300):
+                ui["anatomy_text"] = gr.Textbox(
+                    next(iter(examples.values()), ""),
+                    lines=10,
+                    max_lines=20,
+                    label=f"Text (up to {MAX_CHARS:,} characters)",
+                    elem_id="anatomy_text",
+                )
+                ui["anatomy_mem"], ui["anatomy_run"] = mem_len_and_run(
+                    MAX_MEM_LEN, mem_len, "Look inside", "anatomy_run", min_width=110
+                )
+                ui["anatomy_use_text"] = gr.Button(
+                    "Use my text from “Watch the memory”", size="sm", elem_id="anatomy_use_text"
+                )
+                example_texts(ui["anatomy_text"], examples)
+                gr.Markdown(HELP)
+            with gr.Column(scale=6, min_width=340):
+                ui["anatomy_status"] = gr.Markdown(
+                    "Press **Look inside** to read the text.", elem_id="anatomy_status"
+                )
+                ui["anatomy_md"] = gr.Markdown(elem_id="anatomy_words")
+                with gr.Row():
+                    ui["anatomy_order"] = gr.Dropdown(
+                        choices=[(label, key) for key, label in anatomy_viz.ORDERS.items()],
+                        value="layer",
+                        label="Rows (heads) ordered by",
+                        min_width=160,
+                    )
+                    ui["anatomy_head"] = gr.Dropdown(
+                        **head_choices(model), label="Figure 7: heads", min_width=140
+                    )
+                for name, label in FIGURES.items():  # PNG files: the download button saves them
+                    ui[name] = gr.Image(
+                        type="filepath",
+                        format="png",
+                        label=label,
+                        show_label=False,
+                        buttons=["download", "fullscreen"],
+                        elem_id=name,
+                    )
+                ui["anatomy_file"] = gr.File(label="the numbers (JSON)", elem_id="anatomy_file")
+                ui["anatomy_numbers"] = gr.JSON(visible=False, elem_id="anatomy_numbers")
+        return ui
+
+    def wire(self, ui: dict, state: gr.State) -> None:
+        # One per browser session (Gradio copies the value for each), there before the first
+        # run: a second click finds the job number the first one is checking.
+        tab = gr.State(AnatomyState())
+        outputs = [ui[k] for k in ("anatomy_status", "anatomy_md", "anatomy_fig5", "anatomy_fig7")]
+        outputs += [ui["anatomy_numbers"], ui["anatomy_file"], ui["anatomy_head"], tab]
+
+        def run(text, mem_len, order, head, state, tab, progress=gr.Progress()):  # noqa: B008
+            yield from read(self.service, text, mem_len, order, head, state, tab, progress)
+
+        def redraw(order, head, tab):  # the order changes both figures
+            if tab is None or tab.result is None:
+                return gr.skip(), gr.skip()
+            paths = draw(self.service, tab, order, parse_head(head))
+            return paths["fig5"], paths["fig7"]
+
+        def redraw_figure_7(order, head, tab):  # the head changes Figure 7 only
+            if tab is None or tab.result is None:
+                return gr.skip()
+            return draw(self.service, tab, order, parse_head(head), ("fig7",))["fig7"]
+
+        def use_text(state):
+            text = state.session.text if state is not None and not state.expired else ""
+            if not text:
+                gr.Warning(
+                    "Nothing written yet in “Watch the memory”: Step or Generate there first."
+                )
+                return gr.skip()
+            return text[-MAX_CHARS:]
+
+        ui["anatomy_run"].click(
+            run,
+            [ui["anatomy_text"], ui["anatomy_mem"], ui["anatomy_order"], ui["anatomy_head"]]
+            + [state, tab],
+            outputs,
+            api_name="anatomy",
+            # A second click runs beside the first, which stops at its next segment.
+            trigger_mode="multiple",
+            concurrency_limit=4,
+            concurrency_id="anatomy",
+        )
+        for event, fn, figures in (
+            (ui["anatomy_order"].change, redraw, ["anatomy_fig5", "anatomy_fig7"]),
+            (ui["anatomy_head"].change, redraw_figure_7, ["anatomy_fig7"]),
+        ):
+            event(
+                fn,
+                [ui["anatomy_order"], ui["anatomy_head"], tab],
+                [ui[name] for name in figures],
+                trigger_mode="always_last",
+                api_visibility="private",
             )
-            with gr.Row():
-                ui["anatomy_mem"] = gr.Slider(
-                    0, MAX_MEM_LEN, value=mem_len, step=1, label="mem_len", min_width=160
-                )
-                ui["anatomy_run"] = gr.Button(
-                    "Look inside", variant="primary", elem_id="anatomy_run", min_width=110
-                )
-            ui["anatomy_use_text"] = gr.Button(
-                "Use my text from “Watch the memory”", size="sm", elem_id="anatomy_use_text"
-            )
-            gr.Examples(
-                [[text] for text in examples.values()],
-                inputs=[ui["anatomy_text"]],
-                example_labels=list(examples),
-            )
-            gr.Markdown(HELP)
-        with gr.Column(scale=6, min_width=340):
-            ui["anatomy_status"] = gr.Markdown(
-                "Press **Look inside** to read the text.", elem_id="anatomy_status"
-            )
-            ui["anatomy_md"] = gr.Markdown(elem_id="anatomy_words")
-            with gr.Row():
-                ui["anatomy_order"] = gr.Dropdown(
-                    choices=[(label, key) for key, label in anatomy_viz.ORDERS.items()],
-                    value="layer",
-                    label="Rows (heads) ordered by",
-                    min_width=160,
-                )
-                ui["anatomy_head"] = gr.Dropdown(
-                    **head_choices(model), label="Figure 7: heads", min_width=140
-                )
-            for name, label in FIGURES.items():  # PNG files: the download button saves them
-                ui[name] = gr.Image(
-                    type="filepath",
-                    format="png",
-                    label=label,
-                    show_label=False,
-                    buttons=["download", "fullscreen"],
-                    elem_id=name,
-                )
-            ui["anatomy_file"] = gr.File(label="the numbers (JSON)", elem_id="anatomy_file")
-            ui["anatomy_numbers"] = gr.JSON(visible=False, elem_id="anatomy_numbers")
-    return ui
+        ui["anatomy_use_text"].click(
+            use_text, [state], [ui["anatomy_text"]], api_visibility="private"
+        )
 
 
 def head_choices(model) -> dict:
@@ -134,71 +192,18 @@ def parse_head(choice) -> tuple[int, int] | None:
         return None
 
 
-def wire(app, ui: dict, state: gr.State) -> None:
-    # One per browser session (Gradio copies the value for each), there before the first
-    # run: a second click finds the job number the first one is checking.
-    tab = gr.State(AnatomyState())
-    outputs = [ui[k] for k in ("anatomy_status", "anatomy_md", "anatomy_fig5", "anatomy_fig7")]
-    outputs += [ui["anatomy_numbers"], ui["anatomy_file"], ui["anatomy_head"], tab]
-
-    def run(text, mem_len, order, head, state, tab, progress=gr.Progress()):  # noqa: B008
-        yield from read(app, text, mem_len, order, head, state, tab, progress)
-
-    def redraw(order, head, tab):  # the order changes both figures
-        if tab is None or tab.result is None:
-            return gr.skip(), gr.skip()
-        paths = draw(app, tab, order, parse_head(head))
-        return paths["fig5"], paths["fig7"]
-
-    def redraw_figure_7(order, head, tab):  # the head changes Figure 7 only
-        if tab is None or tab.result is None:
-            return gr.skip()
-        return draw(app, tab, order, parse_head(head), ("fig7",))["fig7"]
-
-    def use_text(state):
-        text = state.session.text if state is not None and not state.expired else ""
-        if not text:
-            gr.Warning("Nothing written yet in “Watch the memory”: Step or Generate there first.")
-            return gr.skip()
-        return text[-MAX_CHARS:]
-
-    ui["anatomy_run"].click(
-        run,
-        [ui["anatomy_text"], ui["anatomy_mem"], ui["anatomy_order"], ui["anatomy_head"]]
-        + [state, tab],
-        outputs,
-        api_name="anatomy",
-        # A second click runs beside the first, which stops at its next segment.
-        trigger_mode="multiple",
-        concurrency_limit=4,
-        concurrency_id="anatomy",
-    )
-    for event, fn, figures in (
-        (ui["anatomy_order"].change, redraw, ["anatomy_fig5", "anatomy_fig7"]),
-        (ui["anatomy_head"].change, redraw_figure_7, ["anatomy_fig7"]),
-    ):
-        event(
-            fn,
-            [ui["anatomy_order"], ui["anatomy_head"], tab],
-            [ui[name] for name in figures],
-            trigger_mode="always_last",
-            api_visibility="private",
-        )
-    ui["anatomy_use_text"].click(use_text, [state], [ui["anatomy_text"]], api_visibility="private")
-
-
-def read(app, text, mem_len, order, head, state, tab: AnatomyState | None, progress):
+def read(service, text, mem_len, order, head, state, tab: AnatomyState | None, progress):
     """The handler of /anatomy: check, read the text segment by segment (progress), then
     Figure 5 and the words, then Figure 7. A newer click on the same tab stops it."""
     text = text or ""
-    model = state.model if state is not None and not state.expired else app.default_model
+    model = state.model if state is not None and not state.expired else service.default_model
     problem = None
     try:
         mem_len = as_int("mem_len", mem_len, 0, MAX_MEM_LEN)
     except ValueError as e:
         problem = str(e)
     if model is None:
-        problem = f"No model is loaded ({app.load_error})."
+        problem = f"No model is loaded ({service.load_error})."
     elif not text.strip():
         problem = "The text is empty: paste one, pick an example, or use your text."
     elif len(text) > MAX_CHARS:
@@ -233,13 +238,13 @@ def read(app, text, mem_len, order, head, state, tab: AnatomyState | None, progr
     words = anatomy_viz.anatomy_markdown(result, unit)
     heads = gr.Dropdown(**head_choices(model))  # the session's model may have other heads
     started = time.perf_counter()
-    fig5 = draw(app, tab, order, None, ("fig5",))["fig5"]
+    fig5 = draw(service, tab, order, None, ("fig5",))["fig5"]
     reading = f"Read {result.n_tokens:,} {unit}s in **{result.seconds:.1f} s**"
     yield f"{reading}; drawing Figure 7…", words, fig5, *[gr.skip()] * 3, heads, tab
     if tab.job != job:
         return
-    fig7 = draw(app, tab, order, parse_head(head), ("fig7",))["fig7"]
-    numbers = save_numbers(app, tab)
+    fig7 = draw(service, tab, order, parse_head(head), ("fig7",))["fig7"]
+    numbers = save_numbers(service, tab)
     status = (
         f"{reading} (segments of {result.seg_len} over a memory of {result.mem_len}, the "
         f"four terms included); figures drawn in {time.perf_counter() - started:.1f} s."
@@ -247,7 +252,7 @@ def read(app, text, mem_len, order, head, state, tab: AnatomyState | None, progr
     yield status, words, fig5, fig7, numbers, tab.files["json"], heads, tab
 
 
-def draw(app, tab: AnatomyState, order, head, figures=("fig5", "fig7")) -> dict:
+def draw(service, tab: AnatomyState, order, head, figures=("fig5", "fig7")) -> dict:
     """Figures 5 and 7 (or those named) of the tab's last result as PNG files: name ->
     path. ``head``: (layer, head) for Figure 7, or None for all heads."""
     result = tab.result
@@ -265,19 +270,19 @@ def draw(app, tab: AnatomyState, order, head, figures=("fig5", "fig7")) -> dict:
             figure = anatomy_viz.distance_figure(attention, seg_len, order, title)
         else:
             figure = anatomy_viz.terms_figure(result.terms, attention, seg_len, order, head, title)
-        paths[name] = write(app, tab, name, ".png", anatomy_viz.figure_png(figure))
+        paths[name] = write(service, tab, name, ".png", anatomy_viz.figure_png(figure))
     return paths
 
 
-def save_numbers(app, tab: AnatomyState) -> dict:
+def save_numbers(service, tab: AnatomyState) -> dict:
     numbers = anatomy_viz.anatomy_numbers(tab.result)
-    write(app, tab, "json", ".json", json.dumps(numbers).encode())
+    write(service, tab, "json", ".json", json.dumps(numbers).encode())
     return numbers
 
 
-def write(app, tab: AnatomyState, name: str, suffix: str, data: bytes) -> str:
-    """A file in the app's export folder (older ones removed), remembered in the tab."""
-    folder = Path(app.export_dir) / "anatomy"
+def write(service, tab: AnatomyState, name: str, suffix: str, data: bytes) -> str:
+    """A file in the service's export folder (older ones removed), remembered in the tab."""
+    folder = Path(service.export_dir) / "anatomy"
     folder.mkdir(exist_ok=True)
     for old in folder.iterdir():
         if time.time() - old.stat().st_mtime > KEEP_FILES_S:

@@ -100,3 +100,9 @@ Because it is an enemy to thee;
 Had I it written, I would tear the word.
 """
 )
+
+# The recall probe's speaker (the Recall tab's default, and the Watch tab's example of it).
+DEFAULT_NAME = "ZANTHOR"  # no play has him: only a recall can finish the name
+# Watch it opens on 128: the name then lies beyond the window (64) but inside the memory
+# (128) of the bundled model, where only memory can see it.
+DEFAULT_WATCH = 128

@@ -1,23 +1,33 @@
 """The "How far back can it recall?" tab: a made-up speaker planted k characters back, its
 return read with memory, through the window and in segments alone (txl/recall.py), as a
 chart over k that fills in as the rows are read; **Watch it** takes one probe to the Watch
-tab, where one Step predicts the first letter the probe scores. The work is
-``Server.recall_check`` / ``Server.recall`` / ``Server.recall_prompt`` (webapp/serve.py)."""
+tab, where one Step predicts the first letter the probe scores.
+
+    RecallTab(service).build() -> dict of components     .wire(ui, state)
+
+The probe is txl/recall.py's, the chart and words webapp/recall_viz.py's; here the layout,
+the checks, the streaming (a long job: webapp/longwork.py) and Watch it."""
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
+
 import gradio as gr
 
-from txl.recall import CUE, DISTANCES
-from webapp.serve import MAX_MEM_LEN
+from txl.recall import CUE, DISTANCES, check_recall, probe_text, recall_probe
+from webapp.budget import note_heap_use
+from webapp.inputs import as_int
+from webapp.longwork import JobCancelled
+from webapp.recall_viz import recall_figure, recall_markdown, recall_numbers
+from webapp.serve import MAX_MEM_LEN, DemoService
+from webapp.visitors import VisitorState, user_errors
 
-from .examples import RECALL_FILLER
+from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_FILLER
+from .parts import check_then_run, mem_len_and_run
 
-DEFAULT_NAME = "ZANTHOR"  # no play has him: only a recall can finish the name
-# Watch it opens on 128: the name then lies beyond the window (64) but inside the memory
-# (128) of the bundled model, where only memory can see it.
-DEFAULT_WATCH = 128
-
+MAX_FILLER_CHARS = 20_000  # as the Score's text
 HELP = f"""\
 **How far back can it recall?** A speaker no play has is planted (`NAME:` on its own line,
 one line of speech), then *k* characters of the filler, then the speaker returns: a blank
@@ -33,85 +43,153 @@ looked.
 """
 
 
-def build(app) -> dict:
-    mem_len = app.start_mem_len(app.default_model) if app.default_model else 0
-    ui = {}
-    with gr.Row():
-        with gr.Column(scale=4, min_width=300):
-            ui["recall_name"] = gr.Textbox(
-                DEFAULT_NAME, label="A made-up speaker", max_lines=1, elem_id="recall_name"
+class RecallTab:
+    """The tab's handlers, on the shared service."""
+
+    def __init__(self, service: DemoService):
+        self.service = service
+
+    def recall_check(self, name, filler, mem_len, state: VisitorState | None):
+        """(model, name, filler, mem_len) of a probe that can run, or a message that says
+        why not (the page runs this first, so that a refused probe leaves the chart as it
+        was). The name is taken without the spaces around it."""
+        model = self.service.model_for(state)
+        name, filler = str(name or "").strip(), str(filler or "")
+        if len(filler) > MAX_FILLER_CHARS:
+            raise gr.Error(
+                f"The filler is {len(filler):,} characters; the limit is {MAX_FILLER_CHARS:,} "
+                f"(the probe uses its first {max(DISTANCES):,})."
             )
-            ui["recall_filler"] = gr.Textbox(
-                RECALL_FILLER,
-                lines=8,
-                max_lines=16,
-                label=f"Filler: its first k characters (up to {max(DISTANCES):,}) go between",
-                elem_id="recall_filler",
-            )
-            with gr.Row():
-                ui["recall_mem"] = gr.Slider(
-                    0, MAX_MEM_LEN, value=mem_len, step=1, label="mem_len", min_width=160
+        with user_errors():
+            mem_len = as_int("mem_len", mem_len, 0, self.service.mem_cap(model))
+            check_recall(model, name, filler, DISTANCES, mem_len)
+        return model, name, filler, mem_len
+
+    def recall_click(self, name, filler, mem_len, state: VisitorState | None) -> None:
+        """The page's Probe button, before ``recall``: check the inputs, then stop this
+        session's running probe at once."""
+        self.recall_check(name, filler, mem_len, state)
+        if state is not None:
+            self.service.traffic.cancel(recall_owner(state))
+
+    def recall(self, name, filler, mem_len, state):
+        """How far back can it recall? (txl/recall.py): the name planted k characters
+        back for every k of DISTANCES, read with memory, through the window and in
+        segments alone; (chart, sentence, numbers) after every row, as it is ready. A
+        long job (webapp/longwork.py), paced segment by segment beside other visitors'
+        Steps, cancelled by this session's next probe (not by its Score) or when the
+        visitor leaves."""
+        state = self.service.ensure(state)
+        model, name, filler, mem_len = self.recall_check(name, filler, mem_len, state)
+        window = model.config.tgt_len
+        job = self.service.traffic.start_job(owner=recall_owner(state))
+        rows, started = [], time.perf_counter()
+        try:
+            for row in recall_probe(model, name, filler, DISTANCES, mem_len, pace=job.turn):
+                rows.append(row)
+                took = time.perf_counter() - started
+                done = len(rows) == len(DISTANCES)
+                yield (
+                    recall_figure(rows, mem_len, window),
+                    recall_markdown(rows, mem_len, window, len(DISTANCES), took),
+                    recall_numbers(rows, mem_len, window, took if done else None),
+                    state,
                 )
-                ui["recall"] = gr.Button(
-                    "Probe", variant="primary", elem_id="recall_btn", min_width=90
+        except JobCancelled:  # this session's next probe replaced this one
+            yield (gr.skip(),) * 3 + (state,)
+        finally:
+            job.close()
+            note_heap_use()
+
+    def recall_prompt(self, name, filler, distance, mem_len, state) -> tuple[str, int]:
+        """Watch it: (prompt, mem_len) for the Watch tab: the probe of ``distance`` up to
+        its first scored character, so that one Step with memory (``mem_len``) predicts
+        that very character from the memory the probe's read had there."""
+        _, name, filler, mem_len = self.recall_check(name, filler, mem_len, state)
+        with user_errors():
+            k = as_int("k", distance, 1, max(DISTANCES))
+        text, start = probe_text(name, filler, k)
+        return text[:start], mem_len
+
+    # -- the page --
+
+    def build(self) -> dict:
+        """The name, the filler, mem_len and Probe; the chart, the probe to watch, the numbers."""
+        model = self.service.default_model
+        mem_len = self.service.start_mem_len(model) if model else 0
+        ui = {}
+        with gr.Row():
+            with gr.Column(scale=4, min_width=300):
+                ui["recall_name"] = gr.Textbox(
+                    DEFAULT_NAME, label="A made-up speaker", max_lines=1, elem_id="recall_name"
                 )
-            gr.Markdown(HELP)
-        with gr.Column(scale=6, min_width=300):
-            ui["recall_md"] = gr.Markdown(elem_id="recall_summary")
-            ui["recall_plot"] = gr.Plot(
-                show_label=False, label="How far back can it recall?", elem_id="recall_plot"
-            )
-            with gr.Row():
-                ui["recall_pick"] = gr.Dropdown(
-                    [(f"k = {k:,}", k) for k in DISTANCES],
-                    value=DEFAULT_WATCH,
-                    label="The probe to watch",
-                    min_width=140,
-                    elem_id="recall_pick",
+                ui["recall_filler"] = gr.Textbox(
+                    RECALL_FILLER,
+                    lines=8,
+                    max_lines=16,
+                    label=f"Filler: its first k characters (up to {max(DISTANCES):,}) go between",
+                    elem_id="recall_filler",
                 )
-                ui["recall_watch"] = gr.Button("Watch it", elem_id="recall_watch", min_width=90)
-            with gr.Accordion("The numbers (JSON)", open=False):
-                ui["recall_numbers"] = gr.JSON(label="recall", elem_id="recall_numbers")
-    return ui
+                ui["recall_mem"], ui["recall"] = mem_len_and_run(
+                    MAX_MEM_LEN, mem_len, "Probe", "recall_btn"
+                )
+                gr.Markdown(HELP)
+            with gr.Column(scale=6, min_width=300):
+                ui["recall_md"] = gr.Markdown(elem_id="recall_summary")
+                ui["recall_plot"] = gr.Plot(
+                    show_label=False, label="How far back can it recall?", elem_id="recall_plot"
+                )
+                with gr.Row():
+                    ui["recall_pick"] = gr.Dropdown(
+                        [(f"k = {k:,}", k) for k in DISTANCES],
+                        value=DEFAULT_WATCH,
+                        label="The probe to watch",
+                        min_width=140,
+                        elem_id="recall_pick",
+                    )
+                    ui["recall_watch"] = gr.Button("Watch it", elem_id="recall_watch", min_width=90)
+                with gr.Accordion("The numbers (JSON)", open=False):
+                    ui["recall_numbers"] = gr.JSON(label="recall", elem_id="recall_numbers")
+        return ui
+
+    def wire(self, ui: dict, state: gr.State) -> None:
+        """Probe: a quick private check first (a probe that cannot run gives its message and
+        leaves the chart as it was), then the public ``/recall`` stream. Watch it: the Watch
+        tab, its prompt the chosen probe up to the first scored letter, memory on at the
+        probe's mem_len. A Load of another model sets mem_len to that model's."""
+        inputs = [ui["recall_name"], ui["recall_filler"], ui["recall_mem"], state]
+        outputs = [ui["recall_plot"], ui["recall_md"], ui["recall_numbers"], state]
+        check_then_run(
+            ui["recall"], self.recall_click, inputs, self.recall, inputs, outputs, "recall"
+        )
+
+        def watch(name, filler, distance, mem_len, state):
+            prompt, mem_len = self.recall_prompt(name, filler, distance, mem_len, state)
+            return gr.Tabs(selected="watch"), prompt, True, mem_len
+
+        ui["recall_watch"].click(
+            watch,
+            [ui["recall_name"], ui["recall_filler"], ui["recall_pick"], ui["recall_mem"], state],
+            [ui["tabs"], ui["prompt"], ui["memory"], ui["mem_len"]],
+            api_visibility="private",
+            show_progress="hidden",
+        )
+
+        def model_mem_len(state):
+            return gr.skip() if state is None else self.service.start_mem_len(state.model)
+
+        ui["model_info"].change(
+            model_mem_len, [state], [ui["recall_mem"]], api_visibility="private", queue=False
+        )
 
 
-def wire(app, ui: dict, state: gr.State) -> None:
-    """Probe: a quick private check first (a probe that cannot run gives its message and
-    leaves the chart as it was), then the public ``/recall`` stream. Watch it: the Watch
-    tab, its prompt the chosen probe up to the first scored letter, memory on at the
-    probe's mem_len. A Load of another model sets mem_len to that model's."""
-    inputs = [ui["recall_name"], ui["recall_filler"], ui["recall_mem"], state]
-    ui["recall"].click(
-        app.recall_click,
-        inputs,
-        None,
-        show_progress="hidden",
-        api_visibility="private",
-        concurrency_limit=None,  # a check of the inputs, quick: never waits for a slot
-    ).success(
-        app.recall,
-        inputs,
-        [ui["recall_plot"], ui["recall_md"], ui["recall_numbers"], state],
-        api_name="recall",
-        trigger_mode="multiple",
-        concurrency_limit=2,  # probes pace themselves beside Steps (webapp/longwork.py)
-    )
+# Each session's key for its running probe, apart from the session itself (the key of its
+# Score): Traffic keeps one job per key, so a probe and a Score do not cancel each other.
+_RECALL_OWNERS: weakref.WeakKeyDictionary[VisitorState, object] = weakref.WeakKeyDictionary()
+_RECALL_OWNERS_LOCK = threading.Lock()  # the click and the probe may ask at once
 
-    def watch(name, filler, distance, mem_len, state):
-        prompt, mem_len = app.recall_prompt(name, filler, distance, mem_len, state)
-        return gr.Tabs(selected="watch"), prompt, True, mem_len
 
-    ui["recall_watch"].click(
-        watch,
-        [ui["recall_name"], ui["recall_filler"], ui["recall_pick"], ui["recall_mem"], state],
-        [ui["tabs"], ui["prompt"], ui["memory"], ui["mem_len"]],
-        api_visibility="private",
-        show_progress="hidden",
-    )
-
-    def model_mem_len(state):
-        return gr.skip() if state is None else app.start_mem_len(state.model)
-
-    ui["model_info"].change(
-        model_mem_len, [state], [ui["recall_mem"]], api_visibility="private", queue=False
-    )
+def recall_owner(state: VisitorState) -> object:
+    """This visitor's key for its running probe."""
+    with _RECALL_OWNERS_LOCK:
+        return _RECALL_OWNERS.setdefault(state, object())

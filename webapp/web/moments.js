@@ -2,7 +2,7 @@
 // over the sliding window on each character, on the diverging scale and with the hover of
 // the Watch tab's "memory's effect" (views.js: TXL.effectAt, effectColor, effectTip), and
 // the list of the characters where it saved the most, each in its context. Drawn from the
-// dict webapp/viz.py's moments_view builds. Loaded into the page's <head> after views.js.
+// dict webapp/score_viz.py's moments_view builds. Loaded into the page's <head> after views.js.
 (function () {
   if (!window.TXL || window.TXL.mountMoments) return;
   const { effectAt, effectColor, effectTip, visible } = window.TXL;

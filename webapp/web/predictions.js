@@ -1,6 +1,6 @@
 // What memory changes: the next-token prediction with memory and without, as two aligned
 // bar lists (rank by rank, one scale), the sampled token marked in both, and in words
-// under them. Drawn from the dict webapp/viz.py's predictions_view builds (the API's
+// under them. Drawn from the dict webapp/watch_viz.py's predictions_view builds (the API's
 // summary["predictions"] plus the position). Loaded into the page's <head> after views.js,
 // which defines window.TXL; the guard keeps a second injection from redefining it.
 (function () {

@@ -1,6 +1,6 @@
 // The last step's summary and the status line.
 //
-// The summary (the API's step summary dict, packed by the page's Step: webapp/viz.py packed)
+// The summary (the API's step summary dict, packed by the page's Step: webapp/figures.py packed)
 // as indented JSON, written only while it can be seen: in its accordion, open now or when
 // it opens. Loaded after views.js, which defines window.TXL.
 (function () {
@@ -22,7 +22,7 @@
     render();
   }
 
-  // The status line: viz.status_markdown's one line, whose only markup is **bold**. Gradio's
+  // The status line: watch_viz.status_markdown's one line, whose only markup is **bold**. Gradio's
   // Markdown component parsed and sanitised it anew on every Step; this writes it directly.
   function mountStatus(element, props, watch) {
     const line = element.querySelector(".txl-status");

@@ -1,5 +1,5 @@
 // The four terms of the relative attention score, as strips under the attention view.
-// With one layer and one head chosen, webapp/viz.py's attention view carries that head's
+// With one layer and one head chosen, webapp/watch_viz.py's attention view carries that head's
 // terms for the newest token (webapp/anatomy_viz.py step_terms): (a) q·k, (b) q·W_R R(i−j),
 // (c) u·k, (d) v·W_R R(i−j). Drawn over the same key columns as the view above, with the
 // scaled sum and its softmax (= the attention row). Loaded after views.js (app.py), it adds

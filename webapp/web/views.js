@@ -1,5 +1,5 @@
 // The per-step views of txl's app, drawn in the browser from the small dicts that
-// webapp/viz.py builds (attention_view, text_view), and Play, which clicks Step after each
+// webapp/watch_viz.py builds (attention_view, text_view), and Play, which clicks Step after each
 // painted step. Loaded once into the page's <head> by app.py (launch(head=...)); each
 // view's js_on_load calls TXL.mountAttention / TXL.mountText with Gradio's element,
 // props and watch. Plotly drew the same heatmap in ~400 ms of script per step; a canvas
@@ -27,7 +27,7 @@
   const weight = (x) => (x >= 0.01 ? x.toFixed(3) : x.toExponential(1));
 
   // A view's value as its dict: the page's Step sends it packed as one JSON string
-  // (webapp/viz.py packed: Gradio copies each number of a value apart, several times per
+  // (webapp/figures.py packed: Gradio copies each number of a value apart, several times per
   // Step), other events and older pages the dict itself. The last string read is kept:
   // the attention view and its terms read the same value.
   let lastPacked = null, lastView = null;

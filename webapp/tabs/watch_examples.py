@@ -1,6 +1,7 @@
-"""Where memory matters: the Watch tab's examples. Passages of the validation text that end
-just before a character the bundled model predicts far better with memory than through
-its window, found and measured by ``scripts/find_memory_moments.py`` (written to
+"""Where memory matters: the Watch tab's examples, above its prompt (webapp/tabs/watch.py
+builds and wires them with the tab). Passages of the validation text that end just before
+a character the bundled model predicts far better with memory than through its window,
+found and measured by ``scripts/find_memory_moments.py`` (written to
 ``memory_moments.json`` beside this file: rerun the script when the weights change), and
 the recall probe (a made-up speaker planted beyond the window). Choosing one puts it in
 the prompt with memory on, and says what one Step will show."""
@@ -15,8 +16,7 @@ import gradio as gr
 from txl.recall import probe_text
 from webapp.serve import ROOT, resolve_source
 
-from .examples import RECALL_FILLER
-from .recall import DEFAULT_NAME, DEFAULT_WATCH
+from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_FILLER
 
 MOMENTS_FILE = Path(__file__).with_name("memory_moments.json")
 RECALL_CHOICE = "recall"  # the dropdown's value for the recall probe; the passages: 0, 1, ...
@@ -115,20 +115,20 @@ def percent(bits: float) -> str:
     return f"{p:.2g} %" if p < 10 else f"{p:.0f} %"
 
 
-def opening(app, report: dict | None) -> tuple[str, str | None]:
+def opening(service, report: dict | None) -> tuple[str, str | None]:
     """(prompt, choice) of a new page: the best passage when the app's model is the one
     the passages were measured on, so that the first Step shows memory at work; else
     the plain prompt."""
     measured_on = str((ROOT / report["model"]).resolve()) if report else None
-    if app.default_model is not None and resolve_source(app.default_source) == measured_on:
+    if service.default_model is not None and resolve_source(service.default_source) == measured_on:
         return report["moments"][0]["passage"], "0"
     return "ROMEO:\n", None
 
 
-def build(app) -> dict:
+def build(service) -> dict:
     """The prompt, the examples above it and the words that say what to look at."""
     report = load_moments()
-    prompt, choice = opening(app, report)
+    prompt, choice = opening(service, report)
     ui = {}
     ui["example"] = gr.Dropdown(
         choices(report),
@@ -141,7 +141,7 @@ def build(app) -> dict:
     return ui
 
 
-def wire(app, ui: dict, state: gr.State) -> None:
+def wire(service, ui: dict, state: gr.State) -> None:
     """Choosing an example: its prompt, memory on at the session's model's mem_len, and
     the words for it. Undocumented in the API (a test calls it as /watch_example)."""
     report = load_moments()
@@ -153,8 +153,8 @@ def wire(app, ui: dict, state: gr.State) -> None:
             prompt = recall_prompt()[0]
         else:
             prompt = report["moments"][int(choice)]["passage"]
-        model = state.model if state is not None else app.default_model
-        mem_len = app.start_mem_len(model) if model is not None else gr.skip()
+        model = state.model if state is not None else service.default_model
+        mem_len = service.start_mem_len(model) if model is not None else gr.skip()
         return prompt, True, mem_len, guide(report, choice)
 
     ui["example"].input(
