@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from txl.data import load_text, train_val_split  # noqa: E402
+from txl.recall import copy_drill  # noqa: E402
 
 SPEECH = re.compile(r"(?m)^([A-Za-z][A-Za-z ']*):\n((?:.+\n?)+)")
 
@@ -37,24 +38,24 @@ def made_up_name(rng: random.Random) -> str:
     return word
 
 
-def copy_drill(rng: random.Random) -> str:
-    """A line of 2-5 made-up words (lower case, or capitals as names are), then the same
-    line again."""
-    letters = string.ascii_uppercase if rng.random() < 0.3 else string.ascii_lowercase
-    words = [
-        "".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
-        for _ in range(rng.randint(2, 5))
-    ]
-    line = " ".join(words)
-    return f"{line}\n{line}\n\n"
-
-
 def recall_text(
-    text: str, chunk: int, rename: float, max_lines: int, copy_every: int, seed: int
+    text: str,
+    chunk: int,
+    rename: float,
+    max_lines: int,
+    copy_every: int,
+    seed: int,
+    copy_gap: tuple[int, int] = (0, 0),
 ) -> str:
+    """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
+    after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
+    comes only after lo..hi characters of the following speeches (drawn per drill), so
+    that past a segment only memory holds it, as the recall probe's name is held."""
     rng = random.Random(seed)
     speeches = [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
     out, names = [], {}
+    written = 0  # characters so far
+    pending: list[tuple[int, str]] = []  # (write after this many characters, the line again)
     for i, (speaker, lines) in enumerate(speeches):
         if i % chunk == 0:
             names = {}  # a new chunk: a new cast
@@ -62,9 +63,21 @@ def recall_text(
             names[speaker] = made_up_name(rng) if rng.random() < rename else speaker
         if max_lines:
             lines = lines[:max_lines]
-        out.append(f"{names[speaker]}:\n" + "\n".join(lines) + "\n\n")
+        parts = [f"{names[speaker]}:\n" + "\n".join(lines) + "\n\n"]
+        due = [line for at, line in pending if at <= written]
+        pending = [(at, line) for at, line in pending if at > written]
+        parts += [line + "\n\n" for line in due]
         if copy_every and i % copy_every == copy_every - 1:
-            out.append(copy_drill(rng))
+            drill = copy_drill(rng)
+            if copy_gap[1] > 0:  # the line now, its copy later
+                line = drill.split("\n")[0]
+                parts.append(line + "\n\n")
+                gap = rng.randint(*copy_gap)
+                pending.append((written + sum(map(len, parts)) + gap, line))
+            else:
+                parts.append(drill)
+        out += parts
+        written += sum(map(len, parts))
     return "".join(out)
 
 
@@ -76,18 +89,24 @@ def main(argv=None) -> int:
     p.add_argument("--rename", type=float, default=0.7, help="chance a speaker is renamed")
     p.add_argument("--max-lines", type=int, default=0, help="cut speeches to n lines (0: no)")
     p.add_argument("--copy-every", type=int, default=0, help="a copy drill every n speeches")
+    p.add_argument(
+        "--copy-gap",
+        default="0,0",
+        help="LO,HI: a drill's copy comes LO..HI characters after its line (0,0: at once)",
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     train, _ = train_val_split(load_text(a.data))
+    gap = tuple(int(x) for x in a.copy_gap.split(","))
     if a.drills:  # a text of copy drills alone: the densest copying signal
         rng = random.Random(a.seed)
         train = ""
         parts = ["".join(copy_drill(rng) for _ in range(a.drills))]
     else:
         parts = [
-            recall_text(train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed + r)
+            recall_text(train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed + r, gap)
             for r in range(a.repeat)
         ]
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""The copy drill of docs/recall-training.md (scripts/copy_drill.py): it scores the
-characters it says it scores, and it reads a model folder and a txl.train run folder alike."""
+"""The copy drill of docs/recall-training.md (txl/recall.py's drill_bits, printed by
+scripts/copy_drill.py): it scores the characters it says it scores, and the script reads a
+model folder and a txl.train run folder alike."""
 
 from __future__ import annotations
 
@@ -15,21 +16,13 @@ import torch
 from safetensors.torch import save_model
 
 from tests.test_app import tiny_model
-from txl import TransformerXL
+from txl import TransformerXL, recall
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def drill(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # the script imports recall_data beside it
-    import copy_drill
-
-    return copy_drill
-
-
 @pytest.mark.parametrize("gap", [0, 100])
-def test_the_drill_scores_each_line_after_its_first_character(drill, monkeypatch, tmp_path, gap):
+def test_the_drill_scores_each_line_after_its_first_character(monkeypatch, tmp_path, gap):
     # A stand-in for the model's costs: token t costs t bits. The mean the drill prints
     # then says which tokens it summed: those of positions start .. start + n - 1 average to
     # start + (n - 1) / 2.
@@ -39,11 +32,11 @@ def test_the_drill_scores_each_line_after_its_first_character(drill, monkeypatch
         streams.append(ids)
         return torch.arange(1, ids.numel(), dtype=torch.float64) * math.log(2)
 
-    monkeypatch.setattr(drill, "memory_nll", position_bits)
+    monkeypatch.setattr(recall, "memory_nll", position_bits)
     model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m"))
-    once, again = drill.drill_bits(model, gap=gap, drills=1, seed=3, mem_len=8)
+    once, again = recall.drill_bits(model, gap=gap, drills=1, seed=3, mem_len=8)
 
-    line = drill.copy_drill(random.Random(3)).split("\n")[0]
+    line = recall.copy_drill(random.Random(3)).split("\n")[0]
     text = model.tokenizer.decode(streams[0].tolist())
     n = len(line)
     first, second = (round(bits - (n - 1) / 2) for bits in (once, again))

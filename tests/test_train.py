@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 
 from tests.tolerance import SAME_SUMS, assert_ulps_close
 from txl import TransformerXL, TXLConfig
-from txl.data import StreamBatcher
+from txl.data import StreamBatcher, train_val_split
 from txl.evaluate import evaluate_loss
+from txl.recall import recall_progress
 from txl.train import TrainArgs, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -209,3 +210,34 @@ def test_training_with_augmented_memory_resumes_exactly(toy_text, tmp_path):
     train(run_args(toy_text, tmp_path / "broken", **aug), model_kw, resume=True)
     straight, resumed = logged_losses(tmp_path / "straight"), logged_losses(tmp_path / "broken")
     assert [resumed[s] for s in range(8, 15)] == [straight[s] for s in range(8, 15)]
+
+
+def test_the_log_shows_copying_and_recall_as_training_goes(tmp_path):
+    """--probe-every logs the copy drill and the recall probe of the model at that step:
+    the last row is what txl.recall.recall_progress reads off the final model."""
+    rng = random.Random(1)
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    lines = [
+        " ".join("".join(rng.choice(letters) for _ in range(rng.randint(2, 6))) for _ in range(4))
+        for _ in range(300)
+    ]
+    data = tmp_path / "letters.txt"
+    data.write_text("ROMEO:\nI will go.\n\n" + "\n".join(lines) + "\n:;,.\n")
+    out = tmp_path / "run"
+    train(run_args(data, out, steps=6, probe_every=3), dict(TINY_MODEL, dropout=0.0))
+
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    probes = [r for r in rows if "copy_drill" in r]
+    assert [r["step"] for r in probes] == [3, 6]
+    assert [r["tokens"] for r in probes] == [3 * 4 * 16, 6 * 4 * 16]  # batch 4, tgt_len 16
+    _, val_text = train_val_split(data.read_text())
+    final = TransformerXL.from_pretrained(out / "model")
+    expected = recall_progress(final, val_text)
+    assert {k: probes[-1][k] for k in expected} == expected
+    assert set(expected["copy_drill"]) == {"0", "100", "400"}
+    assert set(expected["recall_memory"]) == set(expected["recall_window"]) == {"100", "200", "400"}
+
+
+def test_probes_need_the_characters_they_read(toy_text, tmp_path):
+    with pytest.raises(SystemExit, match="lacks characters the probes use"):
+        train(run_args(toy_text, tmp_path / "run", probe_every=3), dict(TINY_MODEL))

@@ -25,6 +25,8 @@ Within the window all three can see the name; beyond it only memory can.
 from __future__ import annotations
 
 import math
+import random
+import string
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -281,3 +283,119 @@ def format_recall(rows: list[RecallRow], mem_len: int, window: int) -> str:
             f"{r.bits_segments:>9.3f}"
         )
     return "\n".join(lines)
+
+
+# ---- the copy drill: does the model copy at all? --------------------------------------
+
+DRILL_SPEECH = "ROMEO:\nI will go.\n\n"  # what each drill's line follows
+DRILL_FILLER = "abcdefghij klmnop\n"  # the gap's characters: random, nothing to copy
+
+
+def copy_drill(rng: random.Random) -> str:
+    """A line of 2-5 made-up words (lower case, or capitals as names are), then the same
+    line again: the purest copying signal there is (``scripts/recall_data.py`` mixes it
+    into training text)."""
+    letters = string.ascii_uppercase if rng.random() < 0.3 else string.ascii_lowercase
+    words = [
+        "".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
+        for _ in range(rng.randint(2, 5))
+    ]
+    line = " ".join(words)
+    return f"{line}\n{line}\n\n"
+
+
+@torch.no_grad()
+def drill_bits(
+    model: TransformerXL, gap: int, drills: int = 20, seed: int = 5, mem_len: int = 512
+) -> tuple[float, float]:
+    """(bits/char of a made-up line the first time, the second time), over ``drills``
+    drills read with memory ``mem_len``: the line, ``gap`` characters of random filler,
+    the line again. A model that copies pays nearly nothing for the second time; past a
+    gap longer than the segment only memory holds the line (docs/recall-training.md)."""
+    rng = random.Random(seed)
+    first = second = 0.0
+    chars = 0
+    for _ in range(drills):
+        line = copy_drill(rng).split("\n")[0]
+        filler = "".join(rng.choice(DRILL_FILLER) for _ in range(gap))
+        before = DRILL_SPEECH + line + "\n" + (filler + "\n" if gap else "")
+        ids = torch.tensor(model.tokenizer.encode(before + line + "\n"))
+        bits = memory_nll(model, ids, model.config.tgt_len, mem_len) / LN2
+        a, b, n = len(DRILL_SPEECH), len(before), len(line)
+        # bits[j] is the cost of token j + 1: bits[a : a + n] is the line after its first
+        # character, and the newline that ends it. The first is left out: nothing in the
+        # text says that a copy comes, so no model can foresee it.
+        first += bits[a : a + n].sum().item()
+        second += bits[b : b + n].sum().item()
+        chars += n
+    return first / chars, second / chars
+
+
+# ---- watching the skill form during training ----------------------------------------
+
+PROGRESS_NAMES = ("ZANTHOR", "QUIBLEY", "MORVATH", "Belisande")
+PROGRESS_FILLERS_AT = (1000, 50000)  # validation positions where the fillers start
+PROGRESS_GAPS = (0, 100, 400)
+PROGRESS_DISTANCES = (100, 200, 400)
+
+
+def progress_filler(val_text: str, at: int) -> str:
+    """The filler that starts at validation position ``at`` (earlier in a text too short)."""
+    n = max(PROGRESS_DISTANCES)
+    at = min(at, max(0, len(val_text) - n))
+    return val_text[at : at + n]
+
+
+def progress_symbols(val_text: str) -> str:
+    """Every character ``recall_progress`` feeds the model (its vocabulary must hold them)."""
+    fillers = "".join(progress_filler(val_text, at) for at in PROGRESS_FILLERS_AT)
+    return (
+        "".join(PROGRESS_NAMES)
+        + probe_head("", SPEECH)
+        + DRILL_SPEECH
+        + DRILL_FILLER
+        + string.ascii_letters
+        + fillers
+    )
+
+
+def recall_progress(model: TransformerXL, val_text: str, mem_len: int = 512) -> dict:
+    """What ``txl.train --probe-every`` logs: the copy drill at gaps 0 (in the segment),
+    100 and 400 (memory only), and the recall probe's mean bits per character of the
+    name at each distance, with memory ``mem_len`` and through the window (tgt_len, no
+    memory), over the names of docs/recall-training.md and two validation fillers. When
+    copying forms, ``copy`` at gap 0 drops; when it reaches memory, gaps 100 and 400
+    and ``recall_memory`` drop while ``recall_window`` stays high."""
+    was_training = model.training
+    model.eval()
+    try:
+        drill = {}
+        for gap in PROGRESS_GAPS:
+            line, copy = drill_bits(model, gap, mem_len=mem_len)
+            drill[str(gap)] = {"line": round(line, 4), "copy": round(copy, 4)}
+        rows = [
+            row
+            for name in PROGRESS_NAMES
+            for at in PROGRESS_FILLERS_AT
+            for row in recall_probe(
+                model, name, progress_filler(val_text, at), PROGRESS_DISTANCES, mem_len
+            )
+        ]
+
+        def mean(key: str) -> dict:
+            return {
+                str(k): round(
+                    sum(getattr(r, key) for r in rows if r.distance == k)
+                    / sum(r.distance == k for r in rows),
+                    4,
+                )
+                for k in PROGRESS_DISTANCES
+            }
+
+        return {
+            "copy_drill": drill,
+            "recall_memory": mean("bits_memory"),
+            "recall_window": mean("bits_window"),
+        }
+    finally:
+        model.train(was_training)

@@ -15,6 +15,7 @@ loss_curve.png and eval.json.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -37,6 +38,7 @@ from .config import TXLConfig
 from .data import StreamBatcher, load_text, train_val_split
 from .evaluate import LN2, evaluate_loss, evaluate_model, format_table
 from .model import TransformerXL
+from .recall import progress_symbols, recall_progress
 from .sampling import sample_next
 from .tokenizer import CharTokenizer
 
@@ -91,6 +93,12 @@ class TrainArgs:
     train_data: str = ""  # train on this text instead of --data's first 90 % (a recipe's
     # altered text, scripts/recall_data.py); validation stays --data's unaltered last 10 %
     bf16: bool = False  # bfloat16 autocast on the CPU too (fast where it has AMX/AVX-512 BF16)
+    probe_every: int = 0  # > 0: every n steps, log the copy drill and the recall probe
+    # (txl.recall.recall_progress), so the log shows when copying forms and reaches memory
+
+
+# What a resumed run may change: how long it goes on, and what it logs along the way.
+RESUME_MAY_CHANGE = ("steps", "probe_every", "eval_every", "log_every", "ckpt_every", "threads")
 
 
 # ---- the pieces ------------------------------------------------------------------------
@@ -400,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.resume and out and (out / "run.json").exists():
         saved = json.loads((out / "run.json").read_text())
         args, model_kw = TrainArgs(**saved["train"]), saved["model"]
-        if ns.steps:  # the one thing a resumed run may change: how long it goes on
-            args.steps = ns.steps
+        for name in RESUME_MAY_CHANGE:
+            if getattr(ns, name) is not None:
+                setattr(args, name, getattr(ns, name))
     else:
         args, model_kw = resolve_settings(ns)
         if not args.data:
@@ -442,6 +451,9 @@ def train(
     train_ids = torch.tensor(tokenizer.encode(train_text), dtype=torch.long)
     val_ids = torch.tensor(tokenizer.encode(val_text), dtype=torch.long)
     batcher = StreamBatcher(train_ids, args.batch, cfg.tgt_len, rank, world)
+    if args.probe_every and tokenizer.unknown_symbols(progress_symbols(val_text)):
+        missing = "".join(tokenizer.unknown_symbols(progress_symbols(val_text)))
+        raise SystemExit(f"--probe-every: the text lacks characters the probes use: {missing!r}")
 
     torch.manual_seed(args.seed)
     model = TransformerXL(cfg)
@@ -536,6 +548,10 @@ def train(
                 vl = evaluate_loss(model, val_ids, cfg.tgt_len, cfg.mem_len, 8, args.eval_segments)
                 log.write(step=done, val_loss=round(vl, 5), val_bpc=round(vl / LN2, 5))
                 bar.write(f"step {done}: val loss {vl:.4f} nats, {vl / LN2:.4f} bpc")
+            if args.probe_every and done % args.probe_every == 0:
+                # On the CPU: the probes read one short text at a time.
+                probe_model = model if device == "cpu" else copy.deepcopy(model).cpu()
+                log.write(step=done, tokens=tokens_seen, **recall_progress(probe_model, val_text))
             if done % args.sample_every == 0:
                 bar.write("---- sample ----\n" + sample(model, "\n", 200, seed=done) + "\n----")
             t_last = time.perf_counter()  # validation and samples do not count as training time

@@ -1,0 +1,276 @@
+"""Run the recall plan (configs/recall-plan.json): three phases of txl.train, in tokens.
+
+    .venv/bin/python scripts/train_recall.py --data tinyshakespeare.txt          # start, or go on
+    .venv/bin/python scripts/train_recall.py --data tinyshakespeare.txt --table  # the plan, spent
+    .venv/bin/python scripts/train_recall.py --data tinyshakespeare.txt --save   # keep it in git
+
+Each phase is one ``txl.train`` run in ``runs/recall/<phase>/`` (ignored by git), started
+from the previous phase's model (the first from the plan's ``init_from``) and budgeted in
+tokens: "law" is the law of when induction heads form (Aoyama, Wilcox and Schneider 2025,
+arXiv 2511.16893), N = 10^5.7 * sqrt(batch * tgt_len); a phase's name means "as many
+tokens as that phase took"; a number is that many. A run takes many hours on a CPU, so it
+spans sessions: a phase that was started is resumed exactly (``--resume``), a finished one
+is skipped, and ``--save`` copies what the next session needs into
+``weights/recall-run-in-progress/`` (committed; removed when the final weights land), from
+where a new checkout restores it. Each phase's training text is made afresh from its recipe
+(``recall_data.recall_text``, seeded), so no altered text is ever committed.
+
+``--plot`` draws the phase change: the copy drill and the recall probe that
+``--probe-every`` logs, against the tokens of all phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from recall_data import recall_text  # scripts/, beside this file
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from txl.data import load_text, train_val_split  # noqa: E402
+
+PLAN = ROOT / "configs" / "recall-plan.json"
+RUNS = ROOT / "runs" / "recall"
+SAVED = ROOT / "weights" / "recall-run-in-progress"
+
+
+def law_tokens(batch: int, tgt_len: int, log10: float) -> int:
+    """Training tokens after which induction heads form: 10^log10 * sqrt(B * C)."""
+    return round(10**log10 * math.sqrt(batch * tgt_len))
+
+
+def read_log(run: Path) -> list[dict]:
+    log = run / "log.jsonl"
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def tokens_spent(run: Path) -> int:
+    return max((r["tokens"] for r in read_log(run) if "tokens" in r), default=0)
+
+
+def status(run: Path) -> str:
+    if (run / "eval.json").exists():  # txl.train writes it when a run ends (--save keeps it)
+        return "done"
+    if (run / "checkpoint" / "state.json").exists():
+        return "started"
+    return "new"
+
+
+class Plan:
+    def __init__(self, path: Path, runs: Path):
+        self.plan = json.loads(path.read_text())
+        self.runs = runs
+        self.phases = self.plan["phases"]
+
+    def run_dir(self, phase: dict) -> Path:
+        return self.runs / phase["name"]
+
+    def settings(self, phase: dict) -> dict:
+        return {**self.plan["model"], **self.plan["train"], **phase["train"]}
+
+    def tokens(self, phase: dict) -> int:
+        """The phase's budget in tokens (the module docstring)."""
+        budget = phase["tokens"]
+        s = self.settings(phase)
+        if budget == "law":
+            return law_tokens(s["batch"], s["tgt_len"], self.plan["law_log10"])
+        if isinstance(budget, str):  # as many as an earlier phase: what it spent, or planned
+            earlier = next(p for p in self.phases if p["name"] == budget)
+            return tokens_spent(self.run_dir(earlier)) or self.tokens(earlier)
+        return int(budget)
+
+    def steps(self, phase: dict) -> int:
+        s = self.settings(phase)
+        return math.ceil(self.tokens(phase) / (s["batch"] * s["tgt_len"]))
+
+    def start_from(self, phase: dict) -> Path | None:
+        """The model the phase starts from: the last phase's; for the first, the plan's
+        ``init_from`` (null: from scratch)."""
+        i = self.phases.index(phase)
+        if i > 0:
+            return self.run_dir(self.phases[i - 1]) / "model"
+        return ROOT / self.plan["init_from"] if self.plan.get("init_from") else None
+
+
+def make_text(phase: dict, data: Path, runs: Path) -> Path:
+    """The phase's training text, made from its recipe (deterministic, never committed)."""
+    out = runs / "data" / f"{phase['name']}.txt"
+    if not out.exists():
+        d = phase["data"]
+        train, _ = train_val_split(load_text(str(data)))
+        gap = tuple(int(x) for x in d["copy_gap"].split(","))
+        passes = [
+            recall_text(
+                train, d["chunk"], d["rename"], d["max_lines"], d["copy_every"], d["seed"] + r, gap
+            )
+            for r in range(d["repeat"])
+        ]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(passes))
+    return out
+
+
+def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) -> None:
+    run, s = plan.run_dir(phase), plan.settings(phase)
+    cmd = ["-m", "txl.train", "--out", str(run), "--threads", str(threads)]
+    if status(run) == "started":  # what a resumed run may change: how long, what it logs
+        cmd += ["--resume", "--steps", str(plan.steps(phase)), "--probe-every",
+                str(s["probe_every"]), "--eval-every", str(s["eval_every"])]  # fmt: skip
+    else:
+        config = plan.runs / f"{phase['name']}.json"
+        config.write_text(json.dumps(dict(s, steps=plan.steps(phase)), indent=1))
+        cmd += ["--config", str(config), "--data", str(data),
+                "--train-data", str(make_text(phase, data, plan.runs))]  # fmt: skip
+        if plan.start_from(phase):
+            cmd += ["--init-from", str(plan.start_from(phase))]
+    budget = f"{plan.steps(phase):,} steps, {plan.tokens(phase):,} tokens"
+    print(f"{phase['name']}: {budget}", flush=True)
+    subprocess.run([python, *cmd], cwd=ROOT, check=True)
+
+
+def save(plan: Plan, saved: Path) -> None:
+    """Copy what a new checkout needs to go on into ``saved``: every phase's log, the
+    checkpoint of the phase in progress, and the model of the last finished phase when the
+    next one has not started (it starts from that model)."""
+    if saved.exists():
+        shutil.rmtree(saved)
+    for i, phase in enumerate(plan.phases):
+        run, keep = plan.run_dir(phase), saved / phase["name"]
+        state = status(run)
+        if state == "new":
+            continue
+        keep.mkdir(parents=True)
+        for name in ("run.json", "log.jsonl", "eval.json"):
+            if (run / name).exists():
+                shutil.copy(run / name, keep / name)
+        if state == "started":  # all of it: weights, optimizer, memory, random state
+            shutil.copytree(run / "checkpoint", keep / "checkpoint")
+        later = plan.phases[i + 1 :]
+        if state == "done" and (not later or status(plan.run_dir(later[0])) == "new"):
+            shutil.copytree(run / "model", keep / "model")
+    (saved / "README.md").write_text(
+        "# A recall run in progress\n\nWhat `scripts/train_recall.py --save` kept so that the "
+        "next session goes on where this one stopped (docs/recall-training.md). Not a model "
+        "to use: removed when the final weights land in weights/shakespeare-char.\n"
+    )
+
+
+def restore(plan: Plan, saved: Path, data: Path) -> None:
+    """Bring back what ``save`` kept, for the phases this checkout has not run; paths in
+    run.json are rewritten to this checkout's. The run then resumes exactly as it would
+    have on the machine that saved it."""
+    for phase in plan.phases:
+        run, kept = plan.run_dir(phase), saved / phase["name"]
+        if not kept.exists() or run.exists():
+            continue
+        shutil.copytree(kept, run)
+        if (run / "run.json").exists():
+            info = json.loads((run / "run.json").read_text())
+            info["train"].update(
+                out=str(run), data=str(data), train_data=str(make_text(phase, data, plan.runs))
+            )
+            (run / "run.json").write_text(json.dumps(info, indent=2))
+        print(f"{phase['name']}: restored from {kept}")
+
+
+def table(plan: Plan) -> str:
+    rows = [
+        "| phase | batch x tgt_len | budget (tokens) | spent | tok/s (median) | status |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for phase in plan.phases:
+        s, run = plan.settings(phase), plan.run_dir(phase)
+        speeds = [r["tok_s"] for r in read_log(run) if "tok_s" in r]
+        speed = f"{statistics.median(speeds):,.0f}" if speeds else "—"
+        rows.append(
+            f"| {phase['name']} | {s['batch']} x {s['tgt_len']} | {plan.tokens(phase):,} "
+            f"({phase['tokens']}) | {tokens_spent(run):,} | {speed} | {status(run)} |"
+        )
+    return "\n".join(rows)
+
+
+def plot(plan: Plan, png: Path) -> None:
+    """The copy drill and the recall probe against the tokens of all phases."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (drill, recall) = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    offset, points = 0, []
+    for phase in plan.phases:
+        rows = read_log(plan.run_dir(phase))
+        points += [dict(r, tokens=r["tokens"] + offset) for r in rows if "copy_drill" in r]
+        if rows:
+            drill.axvline(offset / 1e6, color="0.7", lw=0.8)
+            recall.axvline(offset / 1e6, color="0.7", lw=0.8)
+        offset += tokens_spent(plan.run_dir(phase))
+    tokens = [p["tokens"] / 1e6 for p in points]
+    for gap in ("0", "100", "400"):
+        drill.plot(tokens, [p["copy_drill"][gap]["copy"] for p in points], "o-", ms=3,
+                   label=f"copy, gap {gap}")  # fmt: skip
+    drill.plot(tokens, [p["copy_drill"]["0"]["line"] for p in points], "k--", lw=1,
+               label="the line itself")  # fmt: skip
+    for k in ("100", "400"):
+        recall.plot(tokens, [p["recall_memory"][k] for p in points], "o-", ms=3,
+                    label=f"memory 512, k = {k}")  # fmt: skip
+        recall.plot(tokens, [p["recall_window"][k] for p in points], "x--", ms=3,
+                    label=f"window 64, k = {k}")  # fmt: skip
+    drill.set(title="Copy drill", xlabel="tokens (millions; grey: a new phase)",
+              ylabel="bits per character")  # fmt: skip
+    recall.set(title="A made-up name, k characters back", xlabel="tokens (millions)")
+    for ax in (drill, recall):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"saved {png}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, type=Path, help="Tiny Shakespeare")
+    p.add_argument("--plan", type=Path, default=PLAN)
+    p.add_argument("--runs", type=Path, default=RUNS)
+    p.add_argument("--saved", type=Path, default=SAVED)
+    p.add_argument("--table", action="store_true", help="print the plan and the tokens spent")
+    p.add_argument("--save", action="store_true", help="keep the run in --saved for git")
+    p.add_argument("--plot", type=Path, help="draw the phase change to this PNG")
+    p.add_argument("--phases", type=int, default=0, help="run only this many phases (0: all)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: all cores). On a machine shared with other work use 1: two "
+        "threads that must meet at every operation wait for each other (seen: 75 tok/s "
+        "with 2 threads beside one busy process, against ~2,500 alone)",
+    )
+    a = p.parse_args(argv)
+    plan = Plan(a.plan, a.runs)
+    a.runs.mkdir(parents=True, exist_ok=True)
+    if a.table or a.save or a.plot:
+        if a.save:
+            save(plan, a.saved)
+        if a.plot:
+            plot(plan, a.plot)
+        print(table(plan))
+        return 0
+    restore(plan, a.saved, a.data)
+    for phase in plan.phases[: a.phases or None]:
+        if status(plan.run_dir(phase)) != "done":
+            train_phase(plan, phase, a.data, sys.executable, a.threads)
+    print(table(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""scripts/train_recall.py: the recall plan's phases in tokens, and a run that outlives a
+session (saved into the checkout, restored on a new one, resumed exactly)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(d_model=32, n_layer=1, n_head=2, d_head=16, d_inner=32, dropout=0.1, dropatt=0.0,
+            tgt_len=16, mem_len=16)  # fmt: skip
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # it imports recall_data beside it
+    import train_recall
+
+    return train_recall
+
+
+def plays(path: Path) -> Path:
+    """A made-up play: speeches Tiny Shakespeare's way, every letter the probes write."""
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    speeches = [
+        f"{rng.choice(['ROMEO', 'JULIET', 'NURSE'])}:\n"
+        + " ".join("".join(rng.choice(letters) for _ in range(rng.randint(2, 6))) for _ in range(5))
+        + ".\n\n"
+        for _ in range(400)
+    ]
+    path.write_text("ROMEO:\nI will go.\n\n" + "".join(speeches) + ",;\n")
+    return path
+
+
+def plan_file(path: Path, **second) -> Path:
+    phase = {"copy_every": 1, "rename": 0.7, "chunk": 5, "max_lines": 0, "copy_gap": "0,0",
+             "repeat": 1, "seed": 1}  # fmt: skip
+    plan = {
+        "law_log10": 1.5,  # 10^1.5 * sqrt(2 * 16) = 179 tokens: 6 steps of 2 x 16
+        "init_from": None,
+        "model": TINY,
+        "train": {"warmup": 2, "eval_every": 1000, "sample_every": 1000, "ckpt_every": 2,
+                  "log_every": 1, "probe_every": 1000, "batch": 2, "lr": 0.003, "seed": 5},
+        "phases": [
+            {"name": "a", "data": phase, "tokens": "law", "train": {}},
+            {"name": "b", "data": dict(phase, copy_gap="20,40", seed=2), "tokens": "a",
+             "train": {"probe_every": 3, **second}},
+        ],
+    }  # fmt: skip
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
+    assert driver.law_tokens(8, 64, 5.7) == 11_340_573  # 10^5.7 * sqrt(512)
+    plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
+    first, second, third = plan.phases
+    assert plan.tokens(first) == driver.law_tokens(8, 64, 5.7)
+    assert plan.steps(first) == 22_150  # ceil(11,340,573 / (8 x 64))
+    assert plan.tokens(second) == plan.tokens(first)  # as many as phase 1, until it has run
+    assert plan.tokens(third) == 4_000_000
+
+
+def test_a_run_saved_in_one_checkout_goes_on_exactly_in_another(driver, tmp_path):
+    data = plays(tmp_path / "plays.txt")
+    straight = tmp_path / "straight"
+    args = ["--data", str(data), "--threads", "1", "--runs"]  # one thread: tests run beside others
+    driver.main([*args, str(straight), "--plan", str(plan_file(tmp_path / "p1.json"))])
+    a, b = straight / "a", straight / "b"
+    assert (a / "model" / "config.json").exists() and (b / "model" / "config.json").exists()
+    assert max(losses(a)) == max(losses(b)) == 6  # b: as many tokens as a spent
+    rows = [json.loads(x) for x in (b / "log.jsonl").read_text().splitlines()]
+    probes = [row for row in rows if "copy_drill" in row]
+    assert [p["step"] for p in probes] == [3, 6]
+
+    # The same plan, cut off in phase b after step 2 (as a session ends), saved ...
+    cut, saved = tmp_path / "cut", tmp_path / "saved"
+    interrupted = plan_file(tmp_path / "p2.json", stop_after=2)
+    driver.main([*args, str(cut), "--plan", str(interrupted)])
+    assert driver.status(cut / "b") == "started"
+    driver.main([*args, str(cut), "--plan", str(interrupted), "--saved", str(saved), "--save"])
+    assert sorted(p.name for p in (saved / "b" / "checkpoint").iterdir()) == [
+        "mems.rank0.safetensors", "model.safetensors", "optimizer.safetensors",
+        "rng.rank0.safetensors", "state.json"]  # fmt: skip
+    assert not (saved / "a" / "model").exists()  # b has started: a's model is not needed
+
+    # ... and a new checkout (nothing in its runs) restores it and goes on.
+    new = tmp_path / "new"
+    driver.main([*args, str(new), "--plan", str(interrupted), "--saved", str(saved)])
+    assert driver.status(new / "b") == "done"
+    assert losses(new / "b") == losses(b)  # every step, as if never cut off
+
+
+def test_the_table_says_what_was_spent(driver, tmp_path, capsys):
+    plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
+    run = tmp_path / "phase1-copy"
+    run.mkdir()
+    (run / "log.jsonl").write_text(
+        json.dumps({"step": 10, "loss": 2.0, "tokens": 5120, "tok_s": 2000.0}) + "\n"
+    )
+    table = driver.table(plan)
+    assert "| phase1-copy | 8 x 64 | 11,340,573 (law) | 5,120 | 2,000 | new |" in table
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
