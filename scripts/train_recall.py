@@ -9,8 +9,8 @@ from the previous phase's model (the first from the plan's ``init_from``) and bu
 tokens: "law" is the law of when induction heads form (Aoyama, Wilcox and Schneider 2025,
 arXiv 2511.16893), N = 10^5.7 * sqrt(batch * tgt_len); a phase's name means "as many
 tokens as that phase took"; a number is that many. A run takes many hours on a CPU, so it
-spans sessions: a phase that was started is resumed exactly (``--resume``), a finished one
-is skipped, and ``--save`` copies what the next session needs into
+spans sessions: a phase that was started is resumed (``--resume``), a finished one is
+skipped, and ``--save`` copies what the next session needs into
 ``weights/recall-run-in-progress/`` (committed; removed when the final weights land), from
 where a new checkout restores it. Each phase's training text is made afresh from its recipe
 (``recall_data.recall_text``, seeded), so no altered text is ever committed.
@@ -39,6 +39,11 @@ from txl.data import load_text, train_val_split  # noqa: E402
 PLAN = ROOT / "configs" / "recall-plan.json"
 RUNS = ROOT / "runs" / "recall"
 SAVED = ROOT / "weights" / "recall-run-in-progress"
+# What --save keeps of a phase in progress: the weights, the step and the random state.
+# Not AdamW's moments (twice the weights) nor the carried memory: the checkout travels to
+# a lent GPU machine only under 64 MiB, and the shipped weights already take 21 MB of it.
+# A restored run starts the moments afresh and the memory empty (txl.train says so).
+KEPT_CHECKPOINT = ("model.safetensors", "state.json", "rng.rank0.safetensors")
 
 
 def law_tokens(batch: int, tgt_len: int, log10: float) -> int:
@@ -152,8 +157,10 @@ def save(plan: Plan, saved: Path) -> None:
         for name in ("run.json", "log.jsonl", "eval.json"):
             if (run / name).exists():
                 shutil.copy(run / name, keep / name)
-        if state == "started":  # all of it: weights, optimizer, memory, random state
-            shutil.copytree(run / "checkpoint", keep / "checkpoint")
+        if state == "started":
+            (keep / "checkpoint").mkdir()
+            for name in KEPT_CHECKPOINT:
+                shutil.copy(run / "checkpoint" / name, keep / "checkpoint" / name)
         later = plan.phases[i + 1 :]
         if state == "done" and (not later or status(plan.run_dir(later[0])) == "new"):
             shutil.copytree(run / "model", keep / "model")
@@ -166,8 +173,8 @@ def save(plan: Plan, saved: Path) -> None:
 
 def restore(plan: Plan, saved: Path, data: Path) -> None:
     """Bring back what ``save`` kept, for the phases this checkout has not run; paths in
-    run.json are rewritten to this checkout's. The run then resumes exactly as it would
-    have on the machine that saved it."""
+    run.json are rewritten to this checkout's. The run then resumes from the saved step
+    with the saved weights (AdamW's moments afresh, the memory empty: KEPT_CHECKPOINT)."""
     for phase in plan.phases:
         run, kept = plan.run_dir(phase), saved / phase["name"]
         if not kept.exists() or run.exists():

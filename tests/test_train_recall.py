@@ -71,7 +71,7 @@ def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert plan.tokens(third) == 4_000_000
 
 
-def test_a_run_saved_in_one_checkout_goes_on_exactly_in_another(driver, tmp_path):
+def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd):
     data = plays(tmp_path / "plays.txt")
     straight = tmp_path / "straight"
     args = ["--data", str(data), "--threads", "1", "--runs"]  # one thread: tests run beside others
@@ -89,16 +89,22 @@ def test_a_run_saved_in_one_checkout_goes_on_exactly_in_another(driver, tmp_path
     driver.main([*args, str(cut), "--plan", str(interrupted)])
     assert driver.status(cut / "b") == "started"
     driver.main([*args, str(cut), "--plan", str(interrupted), "--saved", str(saved), "--save"])
-    assert sorted(p.name for p in (saved / "b" / "checkpoint").iterdir()) == [
-        "mems.rank0.safetensors", "model.safetensors", "optimizer.safetensors",
-        "rng.rank0.safetensors", "state.json"]  # fmt: skip
+    kept = saved / "b" / "checkpoint"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(driver.KEPT_CHECKPOINT)
     assert not (saved / "a" / "model").exists()  # b has started: a's model is not needed
+    assert (saved / "a" / "eval.json").exists()  # but a is known to be done
 
-    # ... and a new checkout (nothing in its runs) restores it and goes on.
+    # ... and a new checkout (nothing in its runs) restores it and goes on from step 2.
     new = tmp_path / "new"
+    capfd.readouterr()
     driver.main([*args, str(new), "--plan", str(interrupted), "--saved", str(saved)])
+    printed = capfd.readouterr().out
+    assert "a: 6 steps" not in printed  # phase a is not run again
+    assert "AdamW's moments start afresh at step 2" in printed
     assert driver.status(new / "b") == "done"
-    assert losses(new / "b") == losses(b)  # every step, as if never cut off
+    resumed = losses(new / "b")
+    assert sorted(resumed) == list(range(1, 7))
+    assert {s: resumed[s] for s in (1, 2)} == {s: losses(b)[s] for s in (1, 2)}
 
 
 def test_the_table_says_what_was_spent(driver, tmp_path, capsys):

@@ -190,14 +190,20 @@ def save_checkpoint(ckpt: Path, model, optimizer, mems, state: dict, rank: int) 
 
 
 def load_checkpoint(ckpt: Path, model, optimizer, rank: int):
+    """Restore a checkpoint. Without optimizer.safetensors (a checkpoint kept small to be
+    committed: scripts/train_recall.py --save), AdamW's moments start afresh; without the
+    memory file, the next segment starts with empty memory."""
     state = json.loads((ckpt / "state.json").read_text())
     load_model(model, str(ckpt / "model.safetensors"))
-    tensors = load_file(ckpt / "optimizer.safetensors")
-    opt_state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        idx, name = key.split(".", 1)
-        opt_state.setdefault(int(idx), {})[name] = value
-    optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
+    if (ckpt / "optimizer.safetensors").exists():
+        tensors = load_file(ckpt / "optimizer.safetensors")
+        opt_state: dict[int, dict] = {}
+        for key, value in tensors.items():
+            idx, name = key.split(".", 1)
+            opt_state.setdefault(int(idx), {})[name] = value
+        optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
+    else:
+        print(f"{ckpt}: no optimizer state; AdamW's moments start afresh at step {state['step']}")
     mems_file = ckpt / f"mems.rank{rank}.safetensors"
     mems = None
     if mems_file.exists():
