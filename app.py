@@ -46,6 +46,7 @@ from txl import TXLConfig  # noqa: E402
 from txl.hub import TXLLoadError  # noqa: E402
 from txl.session import Session  # noqa: E402
 from webapp import anatomy_viz, viz  # noqa: E402
+from webapp.play import PlayControl, as_play_id, play_stream  # noqa: E402
 from webapp.serve import (  # noqa: E402
     HISTORY_STEPS,
     MAX_MEM_LEN,
@@ -110,6 +111,10 @@ TEXT_TEMPLATE = (
 
 class TXLApp(Server):
     """The page and its handlers (small: they call Session and webapp.viz)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.plays = PlayControl()  # every visitor's Play and Pause
 
     # -- views --
 
@@ -281,29 +286,72 @@ class TXLApp(Server):
         text is empty or the prompt was edited)."""
         started = time.perf_counter()
         state = self.ensure(state)
-        s = state.session
+        settings = (memory, mem_len, temperature, top_k, top_p, seed)
         with self.using(state, mem_len, steps=1):
-            self.apply_settings(s, memory, mem_len, temperature, top_k, top_p, seed)
+            self.take_step(state, prompt, settings, layer, head)
+            return self.all_views(state, layer, head, started)
+
+    def take_step(self, state: UserState, prompt, settings: tuple, layer, head, first=True):
+        """Step's work, under the session's lock (Play's steps too: webapp/play.py).
+        ``first=False``: a Play's later step, which leaves the settings as they are now (a
+        change during Play has applied them with its own event)."""
+        s = state.session
+        if first:
+            self.apply_settings(s, *settings)
             if not s.ids or s.prompt != (prompt or ""):
                 self.start(s, prompt)
-            self.check_room(s)
-            # The four score terms (~20 % of a step) only when the view shows them: one head.
-            # After Watch it (the Score tab), the Step writes the moment's own character.
-            terms = None not in self.view_choice(s, layer, head)
-            s.step(terms=terms, token=self.replayed_token(state, prompt))
-            return self.all_views(state, layer, head, started)
+        self.check_room(s)
+        # The four score terms (~20 % of a step) only when the view shows them: one head.
+        # After Watch it (the Score tab), the Step writes the moment's own character.
+        terms = None not in self.view_choice(s, layer, head)
+        s.step(terms=terms, token=self.replayed_token(state, prompt) if first else None)
+
+    @staticmethod
+    def packed_outputs(outputs: tuple) -> tuple:
+        """The page's copy of a Watch event's outputs: the four views' dicts packed as one
+        JSON string each (viz.packed), which the page copies far faster; API clients get
+        the dicts. ``outputs``: (text, text view, status, attention, history, summary,
+        predictions, state)."""
+        text, text_view, status, attention, history, summary, predictions, state = outputs
+        views = (viz.packed(v) for v in (text_view, attention, summary, predictions))
+        text_view, attention, summary, predictions = views
+        return text, text_view, status, attention, history, summary, predictions, state
 
     def step_page(
         self, prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
     ):
-        """The page's own Step (and Play's): /step's outputs, the four views' dicts
-        packed as one JSON string each (viz.packed), which the page copies far faster."""
-        text, text_view, status, attention, history, summary, predictions, state = self.step(
-            prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
+        """The page's own Step: /step's outputs, packed (packed_outputs)."""
+        return self.packed_outputs(
+            self.step(prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state)
         )
-        views = (viz.packed(v) for v in (text_view, attention, summary, predictions))
-        text_view, attention, summary, predictions = views
-        return text, text_view, status, attention, history, summary, predictions, state
+
+    def generate_page(self, *inputs):
+        """The page's own Generate: /generate's stream, packed."""
+        for outputs in self.generate(*inputs):
+            yield self.packed_outputs(outputs)
+
+    def continue_page(self, *inputs):
+        """The page's own Continue: /continue's stream, packed."""
+        for outputs in self.continue_(*inputs):
+            yield self.packed_outputs(outputs)
+
+    # -- Play: one stream of steps (webapp/play.py) --
+
+    def page_views(self, state: UserState, layer, head) -> tuple:
+        """The page's outputs of the session now, packed (Play's messages)."""
+        return self.packed_outputs(self.all_views(state, layer, head))
+
+    def play(
+        self, play_id, prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
+    ):
+        """Play: step until paused, streaming the newest step's views (webapp/play.py)."""
+        settings = (memory, mem_len, temperature, top_k, top_p, seed)
+        yield from play_stream(self, self.plays, play_id, prompt, settings, layer, head, state)
+
+    def play_stop(self, play_id, state) -> None:
+        """Pause (and Step, Generate, Reset, Load while Play runs): the visitor's Plays up
+        to ``play_id`` stop before their next step. No lock: it never waits."""
+        self.plays.stop(state, as_play_id(play_id))
 
     def reset(self, state):
         """Forget the text and the memory (the settings stay)."""
@@ -376,6 +424,14 @@ class TXLApp(Server):
         with self.using(state, grows=False):  # the history may be on disk
             back = -as_int("history", back, -HISTORY_STEPS, 0)
             return *self.past_views(state, back, layer, head), *self.past_step(state, back)
+
+    def redraw_page(self, back, layer, head, state):
+        """The page's redraw: the views packed; a running Play draws this layer and head."""
+        views = self.redraw(back, layer, head, state)
+        if state is None or state.expired:  # nothing to draw: redraw skipped them
+            return views
+        self.plays.choose_view(state, layer, head)
+        return tuple(viz.packed(v) for v in views)
 
     def past_step(self, state: UserState, back: int) -> tuple[dict | None, dict | None]:
         """(step summary, predictions view) of the step ``back`` steps ago."""
@@ -452,7 +508,15 @@ class TXLApp(Server):
                         ui[name] = gr.Button(
                             name.title(), variant=variant, elem_id=name, min_width=70, size="md"
                         )
+                # Triggers the page never shows: the API's /step, /generate and /continue
+                # (the views as dicts; the page's buttons get them packed), and Play's
+                # stream and its stop, which webapp/web/views.js clicks with its Play number.
                 ui["step_api"] = gr.Button("Step", visible=False, elem_id="step_api")
+                ui["generate_api"] = gr.Button("Generate", visible=False, elem_id="generate_api")
+                ui["continue_api"] = gr.Button("Continue", visible=False, elem_id="continue_api")
+                ui["play_run"] = gr.Button("Play", visible="hidden", elem_id="play_run")
+                ui["play_stop"] = gr.Button("Pause", visible="hidden", elem_id="play_stop")
+                ui["play_id"] = gr.Number(0, precision=0, visible=False, elem_id="play_id")
                 ui["n_tokens"] = gr.Slider(
                     1,
                     MAX_NEW_TOKENS,
@@ -574,24 +638,46 @@ class TXLApp(Server):
         gen_inputs = [ui["prompt"], ui["n_tokens"], *settings, *view, state]
         model = dict(concurrency_id="model")  # Generate, Continue and Step share a limit
 
-        ui["generate"].click(self.generate, gen_inputs, views, api_name="generate", **model)
-        step_inputs = [ui["prompt"], *settings, *view, state]
-        # /step for API clients: the views as plain dicts. Its trigger is a button the page
-        # never shows; the page's Step button runs step_page, the same outputs packed.
-        ui["step_api"].click(self.step, step_inputs, views, api_name="step", **model)
-        ui["step"].click(
-            self.step_page,
-            step_inputs,
-            views,
-            api_visibility="private",
-            show_progress="hidden",  # Play clicks Step several times a second
-            # Play's next click can come before Gradio marks this one done: run it after,
-            # rather than drop it (the default for buttons).
-            trigger_mode="always_last",
-            **model,
+        page = dict(api_visibility="private", show_progress="hidden")
+        # The API's events (views as dicts) have triggers the page never shows; the page's
+        # buttons run the same handlers with the views packed (packed_outputs).
+        ui["generate_api"].click(self.generate, gen_inputs, views, api_name="generate", **model)
+        ui["generate"].click(
+            self.generate_page, gen_inputs, views, api_visibility="private", **model
         )
-        # Play runs in the page (webapp/web/views.js): Step after Step, no loop on the server.
+        step_inputs = [ui["prompt"], *settings, *view, state]
+        ui["step_api"].click(self.step, step_inputs, views, api_name="step", **model)
+        # A click while the last Step still runs: run it after, rather than drop it (the
+        # default for buttons).
+        ui["step"].click(
+            self.step_page, step_inputs, views, trigger_mode="always_last", **page, **model
+        )
+        # Play: one stream of steps (webapp/play.py), started and stopped by views.js with
+        # its Play number; several may be in flight (a Pause, then Play again at once).
         ui["play"].click(None, js="() => { TXL.togglePlay(); }")
+        # /play and /play_stop are undocumented API endpoints (a client passes play_id).
+        page_api = dict(api_visibility="undocumented", show_progress="hidden")
+        with_id = dict(js="(...inputs) => TXL.withPlayId(...inputs)", trigger_mode="multiple")
+        play_inputs = [ui["play_id"], *step_inputs]
+        ui["play_run"].click(
+            self.play,
+            play_inputs,
+            views,
+            api_name="play",
+            concurrency_id="play",
+            **with_id,
+            **page_api,
+        ).then(None, js="() => { TXL.playEnded(); }")
+        stop_inputs = [ui["play_id"], state]
+        ui["play_stop"].click(
+            self.play_stop,
+            stop_inputs,
+            None,
+            api_name="play_stop",
+            concurrency_limit=None,
+            **with_id,
+            **page_api,
+        )
         ui["reset"].click(self.reset, [state], views, api_name="reset")
         score_tab.wire(self, ui, state, views)  # /score, and Watch it
         ui["load"].click(
@@ -604,7 +690,7 @@ class TXLApp(Server):
         )
 
         private = dict(api_visibility="private")
-        ui["continue"].click(
+        ui["continue_api"].click(
             self.continue_,
             gen_inputs,
             views,
@@ -612,6 +698,7 @@ class TXLApp(Server):
             api_visibility="undocumented",
             **model,
         )
+        ui["continue"].click(self.continue_page, gen_inputs, views, **private, **model)
         for event in (ui["memory"].change, ui["mem_len"].release):
             event(
                 self.settings_changed,
@@ -624,7 +711,7 @@ class TXLApp(Server):
         # sends none), live while dragging; always_last skips the positions passed over.
         for event in (ui["layer"].change, ui["head"].change, ui["history"].input):
             event(
-                self.redraw,
+                self.redraw_page,
                 redraw,
                 [ui["text_html"], ui["attention"], ui["summary"], ui["predictions"]],
                 trigger_mode="always_last",

@@ -1,0 +1,141 @@
+"""Play: one stream of steps, painted as they come.
+
+Pressing Play starts one server-side stream (a Gradio generator event) that steps the
+session as fast as the model goes and sends the page the newest step's views:
+
+    Play pressed -> play_stream(app, state, ...)            one event, many messages
+        step, step, step, ...                               each under the visitor's lock
+        every PLAY_EVERY_S: yield the page's views packed   (the text keeps every step)
+    Pause pressed -> PlayControl.stop(state, play_id)       a flag, no lock, no waiting
+
+A round trip per step (the page asks, the server answers, the page paints, then asks
+again) made Play no faster than one Step; a stream steps at the model's speed. The page
+cannot paint every step (a paint costs more than a step), so the stream sends at most one
+message every PLAY_EVERY_S seconds, with the newest step's views and the whole text: the
+steps between are in the text and the step history, not painted one by one. While other
+visitors' requests are in flight, the stream waits as long as its last step took between
+steps, so that it takes at most half a core from them.
+
+**Pause and the race.** A step computed but not yet sent when Pause lands must be shown
+or not taken. The stream checks the stop flag *under the visitor's lock, before each
+step*, and when it stops it first sends the views of the session as it is (if a step was
+taken since its last message): every step it took reaches the page, and none is taken
+after the flag is seen. The page marks Play stopped only when the stream's event has
+ended (webapp/web/views.js), so the painted text is then the session's.
+
+The page numbers its Plays (``play_id``, 1, 2, ...: views.js); Pause stops every Play up
+to its own number. So a Pause that reaches the server before its Play has started (the
+Play still queued) stops it all the same: the stream sees its number paused and takes no
+step. A newer Play also stops an older one still running. Anything else that changes the
+session (Step, Generate, Reset, Load) ends the stream too: it stops when the session's
+last step is not its own.
+
+Each step is a Step: the same code (``app.take_step``), the visitor's lock, the memory
+budget and the pacing beside long jobs (``app.using``: webapp/serve.py, longwork.py), one
+step of growth at a time; so a Play of n steps leaves the text, memory and predictions of
+n Steps with the same settings. The settings are read when Play is pressed; a layer or
+head chosen during Play is drawn from the next message on (``choose_view``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+from webapp.serve import user_errors
+
+PLAY_EVERY_S = 0.05  # the stream sends the newest views at most this often
+
+
+@dataclass
+class _Plays:
+    """One visitor's Plays: the newest started, the newest paused, the view to draw."""
+
+    started: int = 0
+    paused: int = 0
+    view: tuple | None = None  # (layer, head) chosen during Play
+
+
+class PlayControl:
+    """Every visitor's Play numbers (held weakly by their UserState)."""
+
+    def __init__(self):
+        self._plays: weakref.WeakKeyDictionary[object, _Plays] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def _of(self, state) -> _Plays:
+        with self._lock:
+            return self._plays.setdefault(state, _Plays())
+
+    def start(self, state, play_id: int, view: tuple) -> None:
+        plays = self._of(state)
+        plays.started, plays.view = max(plays.started, play_id), view
+
+    def stop(self, state, play_id: int) -> None:
+        """Stop the visitor's Plays numbered up to ``play_id``, running or still queued."""
+        if state is not None:
+            plays = self._of(state)
+            plays.paused = max(plays.paused, play_id)
+
+    def goes_on(self, state, play_id: int) -> bool:
+        plays = self._of(state)
+        return play_id > plays.paused and play_id == plays.started
+
+    def choose_view(self, state, layer, head) -> None:
+        """The layer and head the page shows now (the page's redraw): Play draws them."""
+        if state is not None:
+            self._of(state).view = (layer, head)
+
+    def view(self, state) -> tuple:
+        return self._of(state).view
+
+
+def as_play_id(value) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def play_stream(app, control: PlayControl, play_id, prompt, settings: tuple, layer, head, state):
+    """Step the session until stopped; yield the page's outputs (app.page_views) of the
+    newest step at most every PLAY_EVERY_S, and of the last step taken when it stops.
+    ``settings``: (memory, mem_len, temperature, top_k, top_p, seed) as the page sent them."""
+    play_id = as_play_id(play_id)
+    state = app.ensure(state)
+    control.start(state, play_id, (layer, head))
+    mem_len = settings[1]
+    own_step = None  # the session's last step when it is this stream's own
+    unsent = False  # a step was taken since the last message
+    last, error, sent_at = None, None, time.perf_counter()
+    while unsent or control.goes_on(state, play_id):  # stopped and all sent: no lock needed
+        views, took = None, 0.0
+        with app.using(state, mem_len, steps=1):
+            s = state.session
+            if state.expired or (own_step is not None and s.last_trace is not own_step):
+                unsent = False  # a Step, Generate, Reset or Load changed it: theirs to show
+                break
+            if not control.goes_on(state, play_id):  # paused, under the lock: no more steps
+                last = app.page_views(state, *control.view(state)) if unsent else None
+                break
+            started = time.perf_counter()
+            try:
+                app.take_step(state, prompt, settings, *control.view(state), first=own_step is None)
+            except Exception as e:  # the text is full (say): the steps before it, then why
+                last, error = app.page_views(state, *control.view(state)), e
+                break
+            own_step, unsent, took = s.last_trace, True, time.perf_counter() - started
+            if time.perf_counter() - sent_at >= PLAY_EVERY_S:
+                views, unsent, sent_at = app.page_views(state, *control.view(state)), False, 0.0
+        if views is not None:
+            yield views  # (not under the lock) Gradio stops here when the visitor has left
+            sent_at = time.perf_counter()
+        if app.traffic.busy:  # others' requests in flight: leave them the core as long
+            time.sleep(took)
+    if unsent and last is not None:
+        yield last
+    if error is not None:
+        with user_errors():  # a ValueError as the page's error message, as for Step
+            raise error
