@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from webapp.serve import user_errors
 
-PLAY_EVERY_S = 0.05  # the stream sends the newest views at most this often
+PLAY_EVERY_S = 0.1  # the stream sends the newest views at most this often (10 paints a second)
 
 
 @dataclass

@@ -38,6 +38,22 @@
     return lastView;
   }
 
+  // A view's redraw on a new value: at once, or while Play streams once per frame, with
+  // the newest value (messages that come faster than the page paints are skipped; the
+  // text and the step history keep every step).
+  function painter(render) {
+    let queued = false;
+    return () => {
+      if (!play.streams) return render();
+      if (queued) return;
+      queued = true;
+      requestAnimationFrame(() => {
+        queued = false;
+        render();
+      });
+    };
+  }
+
   // Tell whoever waits (Play, the tests, benchmarks) that a step's view is on screen.
   function painted(root, pos) {
     root.dataset.position = String(pos);
@@ -220,7 +236,7 @@
       a.click();
     });
     new ResizeObserver(() => v && (L = drawAttention(canvas, v))).observe(root);
-    watch("value", render);
+    watch("value", painter(render));
     render();
   }
 
@@ -341,7 +357,7 @@
       render();
       toggled = false;
     });
-    watch("value", render);
+    watch("value", painter(render));
     render();
   }
 
@@ -385,7 +401,8 @@
     document.querySelector("#play_stop")?.click();
   }
   // A Play event ended (paused, stopped by an error such as the text cap, or by another
-  // event): once its last views are on screen (the frame after its outputs were set).
+  // event): "stopped" once its last views are on screen (painter draws them at the next
+  // frame; the frame after it has them).
   function playEnded() {
     play.streams = Math.max(0, play.streams - 1);
     if (play.streams === 0) setPlaying(false);
@@ -404,5 +421,5 @@
     true,
   );
 
-  window.TXL = { unpack, mountAttention, mountText, togglePlay, playEnded, withPlayId, viridis, effectAt, effectColor, effectTip, visible };
+  window.TXL = { unpack, painter, mountAttention, mountText, togglePlay, playEnded, withPlayId, viridis, effectAt, effectColor, effectTip, visible };
 })();
