@@ -408,13 +408,15 @@ class TXLApp(Server):
     def settings_changed(
         self, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
     ):
-        """Memory switched on/off or its length changed: rebuild and redraw the text."""
+        """Memory switched on/off or its length changed: rebuild and redraw the text (packed
+        for the page). A sampling setting changed: it applies now (a Play running goes on
+        with it, as the next Step would)."""
         if state is None:  # nothing generated yet: the settings apply at the first step
             return gr.skip(), gr.skip(), state
         with self.using(state, mem_len):
             self.apply_settings(state.session, memory, mem_len, temperature, top_k, top_p, seed)
             _, text_view, status = self.text_views(state.session, layer, head)
-            return text_view, status + self.restore_note(state), state
+            return viz.packed(text_view), status + self.restore_note(state), state
 
     def redraw(self, back, layer, head, state):
         """Layer or head changed, or the history slider moved: both views again, of the
@@ -699,7 +701,8 @@ class TXLApp(Server):
             **model,
         )
         ui["continue"].click(self.continue_page, gen_inputs, views, **private, **model)
-        for event in (ui["memory"].change, ui["mem_len"].release):
+        sampling = [ui[k].release for k in ("temperature", "top_k", "top_p")]
+        for event in (ui["memory"].change, ui["mem_len"].release, *sampling, ui["seed"].blur):
             event(
                 self.settings_changed,
                 [*settings, *view, state],

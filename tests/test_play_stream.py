@@ -10,7 +10,7 @@ import threading
 import gradio as gr
 import pytest
 
-from tests.test_app import new_client, server, settings  # noqa: F401  (server: a fixture)
+from tests.test_app import MEM_LEN, new_client, server, settings  # noqa: F401  (server: a fixture)
 from webapp import serve as webapp_serve
 
 PROMPT = "ROMEO:\n"
@@ -179,3 +179,19 @@ def test_generate_and_redraw_send_the_page_packed_views(server):  # noqa: F811
     packed = txl_app.redraw_page(-2, "layer 0", None, state)
     assert [unpacked(v) for v in packed] == list(dicts)
     assert txl_app.redraw_page(0, None, None, None) == (gr.skip(),) * 4  # no session
+
+
+def test_settings_layer_and_head_changed_during_play_apply_from_the_next_step(server):  # noqa: F811
+    """The page's events while Play runs: a sampling setting applies at once (as it would
+    at the next Step), and a layer and head chosen are what the next messages draw."""
+    _, txl_app = server
+    state = start_state(txl_app)
+    stream = play(txl_app, state)
+    assert unpacked(next(stream)[3])["terms"] is None  # all layers: no single head's terms
+    txl_app.settings_changed(True, MEM_LEN, 0.0, 0, 1.0, 0, None, None, state)
+    assert state.session.temperature == 0.0
+    txl_app.redraw_page(0, "layer 1", "head 0", state)
+    message = next(stream)  # Play goes on, with the layer and head chosen
+    assert unpacked(message[3])["terms"] is not None  # one head: its four score terms
+    txl_app.play_stop(1, state)
+    assert ([message] + list(stream))[-1][0] == state.session.text
