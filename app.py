@@ -46,7 +46,7 @@ from txl import TXLConfig  # noqa: E402
 from txl.hub import TXLLoadError  # noqa: E402
 from txl.session import Session  # noqa: E402
 from webapp import anatomy_viz, viz  # noqa: E402
-from webapp.play import PlayControl, as_play_id, play_stream  # noqa: E402
+from webapp.play import PlayControl, as_play_id, play_stream, visitor_of  # noqa: E402
 from webapp.serve import (  # noqa: E402
     HISTORY_STEPS,
     MAX_MEM_LEN,
@@ -342,16 +342,31 @@ class TXLApp(Server):
         return self.packed_outputs(self.all_views(state, layer, head))
 
     def play(
-        self, play_id, prompt, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
+        self,
+        play_id,
+        prompt,
+        memory,
+        mem_len,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        layer,
+        head,
+        state,
+        request: gr.Request,
     ):
         """Play: step until paused, streaming the newest step's views (webapp/play.py)."""
         settings = (memory, mem_len, temperature, top_k, top_p, seed)
-        yield from play_stream(self, self.plays, play_id, prompt, settings, layer, head, state)
+        visitor = visitor_of(request)
+        yield from play_stream(
+            self, self.plays, visitor, play_id, prompt, settings, layer, head, state
+        )
 
-    def play_stop(self, play_id, state) -> None:
+    def play_stop(self, play_id, request: gr.Request) -> None:
         """Pause (and Step, Generate, Reset, Load while Play runs): the visitor's Plays up
         to ``play_id`` stop before their next step. No lock: it never waits."""
-        self.plays.stop(state, as_play_id(play_id))
+        self.plays.stop(visitor_of(request), as_play_id(play_id))
 
     def reset(self, state):
         """Forget the text and the memory (the settings stay)."""
@@ -427,12 +442,12 @@ class TXLApp(Server):
             back = -as_int("history", back, -HISTORY_STEPS, 0)
             return *self.past_views(state, back, layer, head), *self.past_step(state, back)
 
-    def redraw_page(self, back, layer, head, state):
+    def redraw_page(self, back, layer, head, state, request: gr.Request):
         """The page's redraw: the views packed; a running Play draws this layer and head."""
         views = self.redraw(back, layer, head, state)
         if state is None or state.expired:  # nothing to draw: redraw skipped them
             return views
-        self.plays.choose_view(state, layer, head)
+        self.plays.choose_view(visitor_of(request), layer, head)
         return tuple(viz.packed(v) for v in views)
 
     def past_step(self, state: UserState, back: int) -> tuple[dict | None, dict | None]:
@@ -670,7 +685,7 @@ class TXLApp(Server):
             **with_id,
             **page_api,
         ).then(None, js="() => { TXL.playEnded(); }")
-        stop_inputs = [ui["play_id"], state]
+        stop_inputs = [ui["play_id"]]
         ui["play_stop"].click(
             self.play_stop,
             stop_inputs,

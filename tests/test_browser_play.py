@@ -111,3 +111,22 @@ def test_a_play_of_n_steps_in_the_page_is_n_steps_through_the_api(app_url, brows
     assert page_text(page) == after_steps[0]
     assert untimed(open_summary(page)) == untimed(after_steps[5])
     assert not [text for kind, text in log["console"] if kind == "error"]
+
+
+def test_pause_at_once_after_play_on_a_new_page_stops_it(app_url, browser_page):  # noqa: F811
+    """Play, then Pause before the first step came back (the visitor's state not made
+    yet): the stream stops all the same, and the next Step follows the painted text."""
+    page, log = browser_page
+    page.goto(app_url, wait_until="load")
+    page.wait_for_selector("#step")
+    page.fill("#prompt textarea", PROMPT)
+    page.evaluate(
+        "document.querySelector('#play').click(); document.querySelector('#play').click()"
+    )
+    page.wait_for_selector("#play[data-loop='stopped']", state="attached")
+    assert page.inner_text("#play") == "Play"
+    before = painted_position(page)  # None: stopped before its first step
+    after = step_and_wait(page)
+    assert after == (len(PROMPT) if before is None else before + 1)
+    assert text_length(page) == after + 1
+    assert not [text for kind, text in log["console"] if kind == "error"]

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
 from tests.test_app import MEM_LEN, new_client, server, settings  # noqa: F401  (server: a fixture)
+from webapp import play as play_module
 from webapp import serve as webapp_serve
 
 PROMPT = "ROMEO:\n"
@@ -76,8 +79,17 @@ def start_state(txl_app):
     return state
 
 
+def visitor(state):
+    """A stand-in for the Gradio request of the page that owns ``state``: its key."""
+    return SimpleNamespace(session_hash=f"visitor-{id(state)}")
+
+
 def play(txl_app, state, play_id=1):
-    return txl_app.play(play_id, PROMPT, *settings().values(), None, None, state)
+    return txl_app.play(play_id, PROMPT, *settings().values(), None, None, state, visitor(state))
+
+
+def pause(txl_app, state, play_id=1):
+    txl_app.play_stop(play_id, visitor(state))
 
 
 @pytest.mark.parametrize("after", [1, 2, 5])
@@ -100,7 +112,7 @@ def test_pause_leaves_the_session_where_the_last_message_says(server, after):  #
     threading.Thread(target=consume, daemon=True).start()
     for _ in range(after):
         assert arrived.acquire(timeout=120)
-    txl_app.play_stop(1, state)
+    pause(txl_app, state, 1)
     assert ended.wait(timeout=120)
     s = state.session
     assert messages[-1][0] == s.text  # the page shows the session as it is
@@ -112,13 +124,13 @@ def test_a_pause_before_its_play_started_stops_it_and_a_newer_play_runs(server):
     _, txl_app = server
     state = start_state(txl_app)
     text = state.session.text
-    txl_app.play_stop(1, state)  # Play 1 still queued when its Pause came
+    pause(txl_app, state, 1)  # Play 1 still queued when its Pause came
     assert list(play(txl_app, state, play_id=1)) == []  # no step taken
     assert state.session.text == text
     stream = play(txl_app, state, play_id=2)  # the next Play
     first = next(stream)
     assert len(first[0]) > len(text)
-    txl_app.play_stop(2, state)
+    pause(txl_app, state, 2)
     rest = list(stream)
     assert (rest or [first])[-1][0] == state.session.text
 
@@ -131,7 +143,7 @@ def test_a_newer_play_stops_the_older_one(server):  # noqa: F811
     newer = play(txl_app, state, play_id=2)
     last = next(newer)  # Play 2 has started: Play 1 takes no more steps
     assert list(older) == []  # ... nor sends anything: the session is Play 2's now
-    txl_app.play_stop(2, state)
+    pause(txl_app, state, 2)
     last = ([last] + list(newer))[-1]
     assert last[0] == state.session.text
 
@@ -176,9 +188,9 @@ def test_generate_and_redraw_send_the_page_packed_views(server):  # noqa: F811
     more = list(txl_app.continue_page(*args, state))[-1]
     assert len(more[0]) == len(final_api[0]) + 30 and list(more[1]) == ["packed"]
     dicts = txl_app.redraw(-2, "layer 0", None, state)
-    packed = txl_app.redraw_page(-2, "layer 0", None, state)
+    packed = txl_app.redraw_page(-2, "layer 0", None, state, visitor(state))
     assert [unpacked(v) for v in packed] == list(dicts)
-    assert txl_app.redraw_page(0, None, None, None) == (gr.skip(),) * 4  # no session
+    assert txl_app.redraw_page(0, None, None, None, visitor(None)) == (gr.skip(),) * 4  # no session
 
 
 def test_settings_layer_and_head_changed_during_play_apply_from_the_next_step(server):  # noqa: F811
@@ -190,8 +202,27 @@ def test_settings_layer_and_head_changed_during_play_apply_from_the_next_step(se
     assert unpacked(next(stream)[3])["terms"] is None  # all layers: no single head's terms
     txl_app.settings_changed(True, MEM_LEN, 0.0, 0, 1.0, 0, None, None, state)
     assert state.session.temperature == 0.0
-    txl_app.redraw_page(0, "layer 1", "head 0", state)
+    txl_app.redraw_page(0, "layer 1", "head 0", state, visitor(state))
     message = next(stream)  # Play goes on, with the layer and head chosen
     assert unpacked(message[3])["terms"] is not None  # one head: its four score terms
-    txl_app.play_stop(1, state)
+    pause(txl_app, state, 1)
     assert ([message] + list(stream))[-1][0] == state.session.text
+
+
+def test_play_leaves_the_core_to_others_requests_between_steps(server, monkeypatch):  # noqa: F811
+    """While another request is in flight, Play waits as long as its last step took
+    before the next one; alone, it does not wait."""
+    _, txl_app = server
+    slept = []
+    clock = SimpleNamespace(perf_counter=time.perf_counter, sleep=slept.append)
+    monkeypatch.setattr(play_module, "time", clock)
+    state = start_state(txl_app)
+    stream = play(txl_app, state)
+    next(stream)
+    next(stream)
+    assert slept == []  # alone
+    with txl_app.traffic.short():  # another visitor's Step, say
+        next(stream)
+    assert slept and all(s > 0 for s in slept)
+    pause(txl_app, state)
+    list(stream)

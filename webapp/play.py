@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from webapp.serve import user_errors
@@ -55,41 +55,51 @@ class _Plays:
 
     started: int = 0
     paused: int = 0
-    view: tuple | None = None  # (layer, head) chosen during Play
+    view: tuple = (None, None)  # (layer, head) the page shows
 
 
 class PlayControl:
-    """Every visitor's Play numbers (held weakly by their UserState)."""
+    """Every visitor's Play numbers, by Gradio session (``request.session_hash``: a Pause
+    can come before the first Play has made the visitor's state). The newest
+    ``max_visitors`` are kept: a few dozen bytes each."""
 
-    def __init__(self):
-        self._plays: weakref.WeakKeyDictionary[object, _Plays] = weakref.WeakKeyDictionary()
+    def __init__(self, max_visitors: int = 10_000):
+        self._plays: OrderedDict[str, _Plays] = OrderedDict()
         self._lock = threading.Lock()
+        self.max_visitors = max_visitors
 
-    def _of(self, state) -> _Plays:
+    def _of(self, visitor: str) -> _Plays:
         with self._lock:
-            return self._plays.setdefault(state, _Plays())
+            plays = self._plays.pop(visitor, None) or _Plays()
+            self._plays[visitor] = plays  # the newest last
+            while len(self._plays) > self.max_visitors:
+                self._plays.popitem(last=False)
+            return plays
 
-    def start(self, state, play_id: int, view: tuple) -> None:
-        plays = self._of(state)
+    def start(self, visitor: str, play_id: int, view: tuple) -> None:
+        plays = self._of(visitor)
         plays.started, plays.view = max(plays.started, play_id), view
 
-    def stop(self, state, play_id: int) -> None:
+    def stop(self, visitor: str, play_id: int) -> None:
         """Stop the visitor's Plays numbered up to ``play_id``, running or still queued."""
-        if state is not None:
-            plays = self._of(state)
-            plays.paused = max(plays.paused, play_id)
+        plays = self._of(visitor)
+        plays.paused = max(plays.paused, play_id)
 
-    def goes_on(self, state, play_id: int) -> bool:
-        plays = self._of(state)
+    def goes_on(self, visitor: str, play_id: int) -> bool:
+        plays = self._of(visitor)
         return play_id > plays.paused and play_id == plays.started
 
-    def choose_view(self, state, layer, head) -> None:
+    def choose_view(self, visitor: str, layer, head) -> None:
         """The layer and head the page shows now (the page's redraw): Play draws them."""
-        if state is not None:
-            self._of(state).view = (layer, head)
+        self._of(visitor).view = (layer, head)
 
-    def view(self, state) -> tuple:
-        return self._of(state).view
+    def view(self, visitor: str) -> tuple:
+        return self._of(visitor).view
+
+
+def visitor_of(request) -> str:
+    """The visitor's key: Gradio's session hash (one per page load or API client)."""
+    return str(request.session_hash)
 
 
 def as_play_id(value) -> int:
@@ -99,36 +109,41 @@ def as_play_id(value) -> int:
         return 0
 
 
-def play_stream(app, control: PlayControl, play_id, prompt, settings: tuple, layer, head, state):
+def play_stream(
+    app, control: PlayControl, visitor: str, play_id, prompt, settings: tuple, layer, head, state
+):
     """Step the session until stopped; yield the page's outputs (app.page_views) of the
     newest step at most every PLAY_EVERY_S, and of the last step taken when it stops.
-    ``settings``: (memory, mem_len, temperature, top_k, top_p, seed) as the page sent them."""
+    ``settings``: (memory, mem_len, temperature, top_k, top_p, seed) as the page sent them;
+    ``visitor``: the key of the visitor's Plays (visitor_of)."""
     play_id = as_play_id(play_id)
     state = app.ensure(state)
-    control.start(state, play_id, (layer, head))
+    control.start(visitor, play_id, (layer, head))
     mem_len = settings[1]
     own_step = None  # the session's last step when it is this stream's own
     unsent = False  # a step was taken since the last message
-    last, error, sent_at = None, None, time.perf_counter()
-    while unsent or control.goes_on(state, play_id):  # stopped and all sent: no lock needed
+    last, error, sent_at = None, None, -PLAY_EVERY_S  # the first step is sent at once
+    while unsent or control.goes_on(visitor, play_id):  # stopped and all sent: no lock needed
         views, took = None, 0.0
         with app.using(state, mem_len, steps=1):
             s = state.session
             if state.expired or (own_step is not None and s.last_trace is not own_step):
                 unsent = False  # a Step, Generate, Reset or Load changed it: theirs to show
                 break
-            if not control.goes_on(state, play_id):  # paused, under the lock: no more steps
-                last = app.page_views(state, *control.view(state)) if unsent else None
+            if not control.goes_on(visitor, play_id):  # paused, under the lock: no more steps
+                last = app.page_views(state, *control.view(visitor)) if unsent else None
                 break
             started = time.perf_counter()
             try:
-                app.take_step(state, prompt, settings, *control.view(state), first=own_step is None)
+                app.take_step(
+                    state, prompt, settings, *control.view(visitor), first=own_step is None
+                )
             except Exception as e:  # the text is full (say): the steps before it, then why
-                last, error = app.page_views(state, *control.view(state)), e
+                last, error = app.page_views(state, *control.view(visitor)), e
                 break
             own_step, unsent, took = s.last_trace, True, time.perf_counter() - started
             if time.perf_counter() - sent_at >= PLAY_EVERY_S:
-                views, unsent, sent_at = app.page_views(state, *control.view(state)), False, 0.0
+                views, unsent, sent_at = app.page_views(state, *control.view(visitor)), False, 0.0
         if views is not None:
             yield views  # (not under the lock) Gradio stops here when the visitor has left
             sent_at = time.perf_counter()
