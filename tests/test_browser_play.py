@@ -42,15 +42,19 @@ def play_until(page, position: int) -> int:
     return painted_position(page)
 
 
+def open_page(page, url: str) -> None:
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#step")
+    page.fill("#prompt textarea", PROMPT)
+
+
 def open_summary(page) -> dict:
     return json.loads(page.inner_text("#summary .txl-summary"))
 
 
 def test_play_streams_and_pause_leaves_the_session_at_the_painted_step(app_url, browser_page):  # noqa: F811
     page, log = browser_page
-    page.goto(app_url, wait_until="load")
-    page.wait_for_selector("#step")
-    page.fill("#prompt textarea", PROMPT)
+    open_page(page, app_url)
     page.evaluate(
         "window.painted = [];"
         "document.addEventListener('txl-painted', e => window.painted.push(e.detail.position))"
@@ -87,9 +91,7 @@ def test_a_play_of_n_steps_in_the_page_is_n_steps_through_the_api(app_url, brows
     """The page Plays and Pauses; an API client makes as many Steps with the same seed:
     the same text, and the next step of each has the same summary (memory, predictions)."""
     page, log = browser_page
-    page.goto(app_url, wait_until="load")
-    page.wait_for_selector("#step")
-    page.fill("#prompt textarea", PROMPT)
+    open_page(page, app_url)
     page.get_by_text("Last step (JSON)").click()  # the summary, drawn while open
     stopped = play_until(page, len(PROMPT) + 30)
     text = page_text(page)
@@ -117,9 +119,7 @@ def test_pause_at_once_after_play_on_a_new_page_stops_it(app_url, browser_page):
     """Play, then Pause before the first step came back (the visitor's state not made
     yet): the stream stops all the same, and the next Step follows the painted text."""
     page, log = browser_page
-    page.goto(app_url, wait_until="load")
-    page.wait_for_selector("#step")
-    page.fill("#prompt textarea", PROMPT)
+    open_page(page, app_url)
     page.evaluate(
         "document.querySelector('#play').click(); document.querySelector('#play').click()"
     )
