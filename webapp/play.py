@@ -3,10 +3,10 @@
 Pressing Play starts one server-side stream (a Gradio generator event) that steps the
 session as fast as the model goes and sends the page the newest step's views:
 
-    Play pressed -> play_stream(app, state, ...)            one event, many messages
+    Play pressed -> play_stream(app, ..., play_id, ...)     one event, many messages
         step, step, step, ...                               each under the visitor's lock
         every PLAY_EVERY_S: yield the page's views packed   (the text keeps every step)
-    Pause pressed -> PlayControl.stop(state, play_id)       a flag, no lock, no waiting
+    Pause pressed -> PlayControl.stop(visitor, play_id)     a flag, no lock, no waiting
 
 A round trip per step (the page asks, the server answers, the page paints, then asks
 again) made Play no faster than one Step; a stream steps at the model's speed. The page
@@ -27,14 +27,16 @@ The page numbers its Plays (``play_id``, 1, 2, ...: views.js); Pause stops every
 to its own number. So a Pause that reaches the server before its Play has started (the
 Play still queued) stops it all the same: the stream sees its number paused and takes no
 step. A newer Play also stops an older one still running. Anything else that changes the
-session (Step, Generate, Reset, Load) ends the stream too: it stops when the session's
-last step is not its own.
+session (Step, Generate, Reset, Load) ends the stream too: it stops when the session is
+not as its own last step left it.
 
 Each step is a Step: the same code (``app.take_step``), the visitor's lock, the memory
 budget and the pacing beside long jobs (``app.using``: webapp/serve.py, longwork.py), one
 step of growth at a time; so a Play of n steps leaves the text, memory and predictions of
-n Steps with the same settings. The settings are read when Play is pressed; a layer or
-head chosen during Play is drawn from the next message on (``choose_view``).
+n Steps with the same settings. The settings are the page's when Play is pressed; changed
+during Play, they apply with their own event (app.settings_changed), as the next Step
+would take them, and a layer or head chosen is drawn from the next message on
+(``choose_view``, from the page's redraw).
 """
 
 from __future__ import annotations
@@ -120,14 +122,14 @@ def play_stream(
     state = app.ensure(state)
     control.start(visitor, play_id, (layer, head))
     mem_len = settings[1]
-    own_step = None  # the session's last step when it is this stream's own
+    own = None  # (session, tokens) after this stream's last step; None before its first
     unsent = False  # a step was taken since the last message
     last, error, sent_at = None, None, -PLAY_EVERY_S  # the first step is sent at once
     while unsent or control.goes_on(visitor, play_id):  # stopped and all sent: no lock needed
         views, took = None, 0.0
         with app.using(state, mem_len, steps=1):
             s = state.session
-            if state.expired or (own_step is not None and s.last_trace is not own_step):
+            if state.expired or (own is not None and own != (s, len(s.ids))):
                 unsent = False  # a Step, Generate, Reset or Load changed it: theirs to show
                 break
             if not control.goes_on(visitor, play_id):  # paused, under the lock: no more steps
@@ -135,13 +137,11 @@ def play_stream(
                 break
             started = time.perf_counter()
             try:
-                app.take_step(
-                    state, prompt, settings, *control.view(visitor), first=own_step is None
-                )
+                app.take_step(state, prompt, settings, *control.view(visitor), first=own is None)
             except Exception as e:  # the text is full (say): the steps before it, then why
                 last, error = app.page_views(state, *control.view(visitor)), e
                 break
-            own_step, unsent, took = s.last_trace, True, time.perf_counter() - started
+            own, unsent, took = (s, len(s.ids)), True, time.perf_counter() - started
             if time.perf_counter() - sent_at >= PLAY_EVERY_S:
                 views, unsent, sent_at = app.page_views(state, *control.view(visitor)), False, 0.0
         if views is not None:
