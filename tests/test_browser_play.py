@@ -69,20 +69,23 @@ def test_play_streams_and_pause_leaves_the_session_at_the_painted_step(app_url, 
     # The session is where the page says: the next Step is the next character.
     assert step_and_wait(page) == stopped + 1
     assert text_length(page) == stopped + 2
-    # Play again, and a Step clicked during it stops Play: that Step is the last step.
+    # Play again, and Reset during it stops Play: the stream takes no step after the
+    # Reset (the session is no longer as its last step left it), so the next Step is the
+    # first character after the prompt.
     page.click("#play")
     page.wait_for_function(
         f"+document.querySelector('#attention [data-position]').dataset.position > {stopped + 2}"
     )
-    page.click("#step")
+    page.click("#reset")
     page.wait_for_selector("#play[data-loop='stopped']", state="attached")
     assert page.inner_text("#play") == "Play"
-    page.wait_for_function(  # the Step's answer painted: the text and the view agree
-        "document.querySelector('#text .txl-text').innerText.length === "
-        "+document.querySelector('#attention [data-position]').dataset.position + 1"
+    page.wait_for_function(  # the Reset's answer: no text, no attention
+        "document.querySelector('#text .txl-text').innerText === ''"
+        " && !document.querySelector('#attention [data-position]')"
     )
-    now = painted_position(page)
-    assert step_and_wait(page) == now + 1
+    page.click("#step")
+    wait_painted(page, len(PROMPT))
+    assert text_length(page) == len(PROMPT) + 1
     errors = [text for kind, text in log["console"] if kind == "error"]
     assert not errors, errors
 
