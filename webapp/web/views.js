@@ -406,17 +406,29 @@
   function playEnded() {
     play.streams = Math.max(0, play.streams - 1);
     if (play.streams === 0) setPlaying(false);
-    requestAnimationFrame(() => requestAnimationFrame(setRunning));
+    requestAnimationFrame(() =>
+      requestAnimationFrame(() => {
+        setRunning();
+        if (!play.streams) afterPlay.splice(0).forEach((click) => click());
+      }),
+    );
   }
   // The Play number #play_run and #play_stop send (their js: the first input replaced).
   const withPlayId = (...inputs) => [play.id, ...inputs.slice(1)];
-  // Reset, Load, Generate and Continue stop Play; so does a Step clicked by hand.
+  // Reset, Load, Generate and Continue stop Play; so does a Step clicked by hand. The
+  // click waits until the stream has ended (its last views painted), then goes on: so
+  // its answer comes after the stream's last message, never before it.
+  const STOPPERS = ["reset", "load", "generate", "continue", "step"];
+  const afterPlay = [];
   document.addEventListener(
     "click",
     (e) => {
-      if (!play.on) return;
-      const id = e.target.closest && e.target.closest("button")?.id;
-      if (["reset", "load", "generate", "continue", "step"].includes(id)) stopPlay();
+      const button = e.target.closest && e.target.closest("button");
+      if (!play.streams || !button || !STOPPERS.includes(button.id)) return;
+      e.stopPropagation();
+      e.preventDefault();
+      if (play.on) stopPlay();
+      afterPlay.push(() => button.click());
     },
     true,
   );
