@@ -2,6 +2,7 @@
 
     python benchmarks/bench_browser.py                                # this checkout's app
     python benchmarks/bench_browser.py --baseline-dir ../wt-before    # and an older checkout's
+    python benchmarks/bench_browser.py --baseline-ref main --rounds 2  # against the landed page
     python benchmarks/bench_browser.py --model tiny --steps 5         # a smoke run
     python benchmarks/bench_browser.py --baseline-dir ../wt-before --json out.json --profile
 
@@ -19,8 +20,9 @@ until the page's main thread is idle (its start-up is not timed). Measured, per 
   and after the timed Steps, divided by their number: TaskDuration (all main-thread work),
   ScriptDuration (JavaScript), LayoutDuration and RecalcStyleDuration. On a loaded machine
   this is steadier than wall time.
-- Play (steps/s): Play is clicked, and after --play-seconds the positions painted are
-  counted. The app before has no Play: n/a.
+- Play (steps/s): Play is clicked, and after --play-seconds the position painted is read:
+  the steps Play took and painted, per second (a page that paints the newest step and
+  skips those between counts them all: the text has them). An app without Play: n/a.
 - page start: from the page's load until its main thread is idle, wall seconds and
   main-thread ms (the wall time includes ~0.5 s of idle detection).
 - localStorage (KB) at the end: what Gradio's run history kept.
@@ -39,8 +41,15 @@ with run_history=False. So the baseline is measured in two modes:
   switch for apps that do not set run_history), so only the views differ: the fair
   comparison with the new app.
 
---no-run-history measures only the second. Ratios are baseline / this checkout (>1: the new
-app is faster). Headless Chromium renders in software here: compare within one run.
+--no-run-history measures only the second. Ratios are baseline / this checkout for times
+and this checkout / baseline for Play's steps/s: >1, the new app is faster. Headless
+Chromium renders in software here: compare within one run.
+
+--baseline-ref REF exports that commit of this repository (``git archive``: the landed
+page is ``main``) into a temporary folder and measures it as the baseline. --rounds N
+measures the apps in turn N times (this checkout, the baseline, this checkout, ...: a
+machine whose load drifts weighs on both alike); each figure is the median over rounds.
+Console errors (and uncaught page errors) are counted per app.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -133,8 +143,9 @@ def wait_until_idle(cdp, quiet_ms: float = 50, window_s: float = 0.5, limit_s: f
             return
 
 
-def measure_play(page, seconds: float) -> float | None:
-    """Steps painted per second while Play runs; None for an app without Play."""
+def measure_play(page, seconds: float) -> tuple[float, float] | None:
+    """(steps painted per second while Play runs, ms from the Pause click until Play has
+    stopped and its last step is painted: #play's data-loop); None for an app without Play."""
     if page.locator("#play").count() == 0:
         return None
     position = f"({PAINTED_POSITION_JS})()"
@@ -143,9 +154,11 @@ def measure_play(page, seconds: float) -> float | None:
     t0 = time.perf_counter()
     page.wait_for_timeout(seconds * 1000)
     last, elapsed = page.evaluate(position), time.perf_counter() - t0
+    paused = time.perf_counter()
     page.click("#play")  # pause
     page.wait_for_function("document.querySelector('#play').innerText === 'Play'")
-    return (last - first) / elapsed
+    page.wait_for_selector("#play[data-loop='stopped']", state="attached")
+    return (last - first) / elapsed, (time.perf_counter() - paused) * 1e3
 
 
 def profile_steps(page, cdp, steps: int, top: int = 15) -> dict:
@@ -184,6 +197,7 @@ def measure_app(browser, label: str, url: str, args) -> dict:
         page.set_default_timeout(STEP_TIMEOUT_MS)
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
         cdp = context.new_cdp_session(page)
         cdp.send("Performance.enable")
         t0 = time.perf_counter()
@@ -220,7 +234,8 @@ def measure_app(browser, label: str, url: str, args) -> dict:
         if args.profile:
             result["profile"] = profile_steps(page, cdp, args.profile_steps)
         play = measure_play(page, args.play_seconds)
-        result["play_steps_per_s"] = None if play is None else round(play, 2)
+        result["play_steps_per_s"] = None if play is None else round(play[0], 2)
+        result["pause_to_still_ms"] = None if play is None else round(play[1])
         result["local_storage_kb"] = round(page.evaluate(STORAGE_CHARS_JS) / 1e3, 1)
         result["page_errors"] = errors
         return result
@@ -261,13 +276,46 @@ def print_table(results: list[dict]) -> None:
 
 
 def ratios(after: dict, baseline: dict) -> dict:
-    """baseline / after for each median-like figure (>1: the new app is faster)."""
+    """baseline / after for each median-like time, after / baseline for Play's steps/s
+    (>1: the new app is faster)."""
     a, b = after["click_to_painted_ms"]["median"], baseline["click_to_painted_ms"]["median"]
     out = {"click_to_painted_median": round(b / a, 2) if a else None}
     for key in METRICS:
         a, b = after["main_thread_ms_per_step"][key], baseline["main_thread_ms_per_step"][key]
         out[f"main_thread_{key}"] = round(b / a, 2) if a else None
+    a, b = after["play_steps_per_s"], baseline["play_steps_per_s"]
+    out["play_steps_per_s"] = round(a / b, 2) if a is not None and b else None
     return out
+
+
+def median_of_rounds(rounds: list[dict]) -> dict:
+    """One app's figures over its rounds: each the median of the rounds' (click ->
+    painted: of every timed Step of every round)."""
+    first = rounds[0]
+    steps = [ms for r in rounds for ms in r["click_to_painted_ms"]["all"]]
+    plays = [r["play_steps_per_s"] for r in rounds if r["play_steps_per_s"] is not None]
+    return {
+        **first,
+        "rounds": len(rounds),
+        "page_start": {
+            k: statistics.median(r["page_start"][k] for r in rounds) for k in first["page_start"]
+        },
+        "click_to_painted_ms": {
+            "median": round(statistics.median(steps), 1),
+            "p95": round(percentile(steps, 95), 1),
+            "max": round(max(steps), 1),
+            "all": steps,
+        },
+        "main_thread_ms_per_step": {
+            k: round(statistics.median(r["main_thread_ms_per_step"][k] for r in rounds), 1)
+            for k in METRICS
+        },
+        "play_steps_per_s": round(statistics.median(plays), 2) if plays else None,
+        "play_steps_per_s_rounds": [r["play_steps_per_s"] for r in rounds],
+        "pause_to_still_ms_rounds": [r["pause_to_still_ms"] for r in rounds],
+        "local_storage_kb": max(r["local_storage_kb"] for r in rounds),
+        "page_errors": [e for r in rounds for e in r["page_errors"]],
+    }
 
 
 def print_profile(result: dict) -> None:
@@ -282,6 +330,17 @@ def print_profile(result: dict) -> None:
             print(f"    {ms:7.1f}  {name}")
 
 
+def export_commit(ref: str, folder: Path) -> None:
+    """This repository's ``ref`` (a branch, tag or commit) as files in ``folder``."""
+    folder.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", ref],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30, help="timed Steps per app")
@@ -292,6 +351,10 @@ def main() -> None:
         "--model", help="model folder or Hub id (default: the bundled weights); tiny: the tests'"
     )
     parser.add_argument("--baseline-dir", type=Path, help="another checkout to compare with")
+    parser.add_argument(
+        "--baseline-ref", help="a commit of this repository to compare with (e.g. main)"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="measure the apps in turn N times")
     parser.add_argument(
         "--no-run-history",
         action="store_true",
@@ -314,6 +377,9 @@ def main() -> None:
         shape = TINY if model == "tiny" else None
         model = random_model(Path(tmp.name) / (model or "random"), shape)
     apps = [("after (this checkout)", ROOT, {})]
+    if args.baseline_ref:
+        args.baseline_dir = Path(tmp.name) / "baseline"
+        export_commit(args.baseline_ref, args.baseline_dir)
     if args.baseline_dir:
         baseline = args.baseline_dir.resolve()
         if not args.no_run_history:
@@ -322,18 +388,21 @@ def main() -> None:
 
     load_before = os.getloadavg()
     print(f"model {model}; {args.steps} Steps per app; load average {load_before[0]:.2f}")
-    results = []
+    rounds = {label: [] for label, _, _ in apps}
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
             try:
-                for label, app_dir, extra_env in apps:
-                    results.append(run_app(browser, label, app_dir, model, extra_env, args))
+                for _ in range(args.rounds):
+                    for label, app_dir, extra_env in apps:
+                        result = run_app(browser, label, app_dir, model, extra_env, args)
+                        rounds[label].append(result)
             finally:
                 browser.close()
     finally:
         tmp.cleanup()
     load_after = os.getloadavg()
+    results = [median_of_rounds(rounds[label]) for label, _, _ in apps]
 
     print_table(results)
     report = {
@@ -342,6 +411,8 @@ def main() -> None:
         "steps": args.steps,
         "warmup": args.warmup,
         "play_seconds": args.play_seconds,
+        "rounds": args.rounds,
+        "baseline_ref": args.baseline_ref,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
         "cpus": os.cpu_count(),
@@ -354,12 +425,12 @@ def main() -> None:
         print(
             f"{baseline['label']} / after: click -> painted median {r['click_to_painted_median']}x,"
             f" main thread task {r['main_thread_task']}x, script {r['main_thread_script']}x,"
-            f" layout {r['main_thread_layout']}x, style {r['main_thread_recalc_style']}x"
+            f" layout {r['main_thread_layout']}x, style {r['main_thread_recalc_style']}x;"
+            f" Play steps/s (after / before) {r['play_steps_per_s']}x"
         )
     print(f"load average {load_before[0]:.2f} at the start, {load_after[0]:.2f} at the end")
     for r in results:
-        if r["page_errors"]:
-            print(f"{r['label']}: page errors: {r['page_errors'][:3]}")
+        print(f"{r['label']}: {len(r['page_errors'])} console errors {r['page_errors'][:3]}")
         if "profile" in r:
             print_profile(r)
     if args.json:

@@ -253,8 +253,10 @@ def test_play_steps_until_clicked_again_and_history_goes_back(app_url, browser_p
     page.fill("#history input[type=number]", "-3")
     page.press("#history input[type=number]", "Enter")
     wait_painted(page, stopped - 3)
-    assert (
-        page.evaluate("document.querySelector('#text .txl-text').innerText.length") == stopped - 2
+    # The text view's watch() may run after the attention's (one update, two components):
+    # wait for it; a text that never goes back times out.
+    page.wait_for_function(
+        f"document.querySelector('#text .txl-text').innerText.length === {stopped - 2}"
     )
     assert "3 steps ago" not in page.inner_text("#attention")  # drawn on the canvas, not text
     page.click("#step")  # a new step shows the newest again

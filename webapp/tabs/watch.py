@@ -9,8 +9,9 @@ A handler takes the page's inputs one by one (as Gradio passes them, in the API'
 builds a ``Settings`` at once and returns a ``WatchViews``: every event that redraws the tab
 has these eight outputs, in this order. What the tab shows of a session comes from
 webapp/tabs/watch_views.py (drawn by webapp/watch_viz.py); the examples above the prompt
-from webapp/tabs/watch_examples.py. To add an event: a method here that returns a
-WatchViews (``current_views``), wired in ``wire`` with ``outputs(ui, state)``.
+from webapp/tabs/watch_examples.py; Play, one stream of Steps, from webapp/tabs/watch_play.py.
+To add an event: a method here that returns a WatchViews (``current_views``), wired in
+``wire`` with ``outputs(ui, state)``; the page's own events send it ``.packed()``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import gradio as gr
 from txl import TXLConfig
 from txl.hub import TXLLoadError
 from txl.session import Session
-from webapp import watch_viz
+from webapp import figures, watch_viz
 from webapp.inputs import as_int
 from webapp.serve import (
     HISTORY_STEPS,
@@ -36,10 +37,18 @@ from webapp.visitors import VisitorState
 
 from . import watch_examples
 from .parts import page_view
+from .watch_play import WatchPlay
 from .watch_views import (
+    ATTENTION_TEMPLATE,
+    PREDICTIONS_TEMPLATE,
+    STATUS_TEMPLATE,
+    SUMMARY_TEMPLATE,
+    TEXT_TEMPLATE,
     WatchViews,
     attention_views,
     current_views,
+    head_choices,
+    layer_choices,
     model_markdown,
     outputs,
     past_step,
@@ -54,7 +63,6 @@ MAX_NEW_TOKENS = 500  # per Generate call
 MAX_SOURCE_CHARS = 256  # the Load box: a Hub id is at most 96 + 1 + 96 characters
 MAX_TEXT_CHARS = 100_000  # a session's text: Continue and Step stop here (Reset starts over)
 STREAM_EVERY_S = 0.08  # Generate sends the text at most this often
-ALL_LAYERS, MEAN_HEADS = "all layers", "mean over heads"
 
 BUTTONS = [
     ("generate", "primary"),
@@ -63,26 +71,6 @@ BUTTONS = [
     ("play", "secondary"),
     ("reset", "stop"),
 ]
-EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
-# The per-step views (parts.page_view): gr.HTML whose value is a dict (webapp.watch_viz's
-# text_view, attention_view, ...) drawn by webapp/web/*.js. The templates do not depend on
-# the value, so Gradio leaves their DOM alone and only the watch() callbacks redraw.
-ATTENTION_TEMPLATE = (
-    '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
-    'title="Save this view as PNG">⤓ PNG</button></div>'
-    f'<div class="txl-empty">{EMPTY_HEATMAP}</div>'
-    '<canvas></canvas><div class="txl-tip"></div></div><div class="txl-terms"></div>'
-)
-PREDICTIONS_TEMPLATE = (
-    '<div class="txl-pred"><div class="txl-empty">Step or Generate to see the next-token '
-    'prediction with and without memory.</div><div class="txl-pred-body"></div></div>'
-)
-SUMMARY_TEMPLATE = '<pre class="txl-summary"></pre>'
-STATUS_TEMPLATE = '<div class="txl-status"></div>'
-TEXT_TEMPLATE = (
-    '<div class="txl-textview"><div class="txl-legend"></div><div class="txl-text"></div>'
-    '<div class="txl-tip"></div></div>'
-)
 HEATMAP_HELP = """\
 Rows are layers (or the heads of one layer), columns the keys in text order: \
 **memory** left of the dashed line, the **current segment** right of it (in step-by-step \
@@ -105,6 +93,7 @@ class WatchTab:
 
     def __init__(self, service: DemoService):
         self.service = service
+        self.play = WatchPlay(self)  # Play: its stream, control and events
 
     def model_info(self) -> str:
         """The model line under the Load box: the service's default model."""
@@ -158,25 +147,40 @@ class WatchTab:
         return self.step_with(settings, prompt, layer, head, state, started)
 
     def step_with(self, settings: Settings, prompt, layer, head, state, started=None):
-        """The Step itself, its inputs gathered: /step's, the page's Step's and Play's."""
-        service = self.service
-        state = service.ensure(state)
-        s = state.session
-        with service.using(state, settings.mem_len, steps=1):
-            service.apply_settings(s, settings)
-            if not s.ids or s.prompt != (prompt or ""):
-                service.start_from_prompt(s, prompt)
-            check_room(s)
-            # The four score terms (~20 % of a step) only when the view shows them: one head.
-            # After Watch it (the Score tab), the Step writes the moment's own character.
-            terms = None not in view_choice(s, layer, head)
-            s.step(terms=terms, token=replayed_token(state, prompt))
+        """The Step itself, its inputs gathered: /step's and the page's Step's."""
+        state = self.service.ensure(state)
+        with self.service.using(state, settings.mem_len, steps=1):
+            self.take_step(state, prompt, settings, layer, head)
             return current_views(state, layer, head, started)
 
+    def take_step(self, state: VisitorState, prompt, settings: Settings, layer, head, first=True):
+        """Step's work, under the session's lock (``using``): Play's steps too (watch_play).
+        ``first=False``: a Play's later step, which leaves the settings as they are now (a
+        change during Play has applied them with its own event)."""
+        s = state.session
+        if first:
+            self.service.apply_settings(s, settings)
+            if not s.ids or s.prompt != (prompt or ""):
+                self.service.start_from_prompt(s, prompt)
+        check_room(s)
+        # The four score terms (~20 % of a step) only when the view shows them: one head.
+        # After Watch it (the Score tab), the Step writes the moment's own character.
+        terms = None not in view_choice(s, layer, head)
+        s.step(terms=terms, token=replayed_token(state, prompt) if first else None)
+
+    # The page's own Step, Generate and Continue: the API's outputs (the same inputs), the
+    # four views' dicts packed as one JSON string each, which the page copies far faster.
+
     def step_page(self, *inputs) -> WatchViews:
-        """The page's own Step (and Play's): /step's outputs (step's inputs), the four
-        views' dicts packed as one JSON string each, which the page copies far faster."""
         return self.step(*inputs).packed()
+
+    def generate_page(self, *inputs):
+        for views in self.generate(*inputs):
+            yield views.packed()
+
+    def continue_page(self, *inputs):
+        for views in self.continue_(*inputs):
+            yield views.packed()
 
     def reset(self, state):
         """Forget the text and the memory (the settings stay)."""
@@ -219,14 +223,16 @@ class WatchTab:
     def settings_changed(
         self, memory, mem_len, temperature, top_k, top_p, seed, layer, head, state
     ):
-        """Memory switched on/off or its length changed: rebuild and redraw the text."""
+        """Memory switched on/off or its length changed: rebuild and redraw the text (packed
+        for the page). A sampling setting changed: it applies now (a Play running goes on
+        with it, as the next Step would)."""
         if state is None:  # nothing generated yet: the settings apply at the first step
             return gr.skip(), gr.skip(), state
         settings = Settings(memory, mem_len, temperature, top_k, top_p, seed)
         with self.service.using(state, mem_len):
             self.service.apply_settings(state.session, settings)
             _, text_view, status = text_views(state.session, layer, head)
-            return text_view, status + restore_note(state), state
+            return figures.packed(text_view), status + restore_note(state), state
 
     def redraw(self, back, layer, head, state):
         """Layer or head changed, or the history slider moved: both views again, of the
@@ -236,6 +242,14 @@ class WatchTab:
         with self.service.using(state, grows=False):  # the history may be on disk
             back = -as_int("history", back, -HISTORY_STEPS, 0)
             return *past_views(state, back, layer, head), *past_step(state, back)
+
+    def redraw_page(self, back, layer, head, state, request: gr.Request):
+        """The page's redraw: the views packed; a running Play draws this layer and head."""
+        views = self.redraw(back, layer, head, state)
+        if state is None or state.expired:  # nothing to draw: redraw skipped them
+            return views
+        self.play.choose_view(layer, head, request)
+        return tuple(figures.packed(v) for v in views)
 
     def export(self, state):
         """The last step's attention as a JSON file."""
@@ -280,7 +294,13 @@ class WatchTab:
                         ui[name] = gr.Button(
                             name.title(), variant=variant, elem_id=name, min_width=70, size="md"
                         )
-                ui["step_api"] = gr.Button("Step", visible=False, elem_id="step_api")
+                # Triggers the page never shows: the API's /step, /generate and /continue
+                # (the views as dicts; the page's buttons get them packed), and Play's.
+                for name in ("step", "generate", "continue"):
+                    ui[f"{name}_api"] = gr.Button(
+                        name.title(), visible=False, elem_id=f"{name}_api"
+                    )
+                ui.update(self.play.build())
                 ui["n_tokens"] = gr.Slider(
                     1,
                     MAX_NEW_TOKENS,
@@ -391,24 +411,21 @@ class WatchTab:
         gen_inputs = [ui["prompt"], ui["n_tokens"], *settings, *view, state]
         model = dict(concurrency_id="model")  # Generate, Continue and Step share a limit
 
-        ui["generate"].click(self.generate, gen_inputs, views, api_name="generate", **model)
-        step_inputs = [ui["prompt"], *settings, *view, state]
-        # /step for API clients: the views as plain dicts. Its trigger is a button the page
-        # never shows; the page's Step button runs step_page, the same outputs packed.
-        ui["step_api"].click(self.step, step_inputs, views, api_name="step", **model)
-        ui["step"].click(
-            self.step_page,
-            step_inputs,
-            views,
-            api_visibility="private",
-            show_progress="hidden",  # Play clicks Step several times a second
-            # Play's next click can come before Gradio marks this one done: run it after,
-            # rather than drop it (the default for buttons).
-            trigger_mode="always_last",
-            **model,
+        page = dict(api_visibility="private", show_progress="hidden")
+        # The API's events (views as dicts) have triggers the page never shows; the page's
+        # buttons run the same handlers with the views packed (step_page, ...).
+        ui["generate_api"].click(self.generate, gen_inputs, views, api_name="generate", **model)
+        ui["generate"].click(
+            self.generate_page, gen_inputs, views, api_visibility="private", **model
         )
-        # Play runs in the page (webapp/web/views.js): Step after Step, no loop on the server.
-        ui["play"].click(None, js="() => { TXL.togglePlay(); }")
+        step_inputs = [ui["prompt"], *settings, *view, state]
+        ui["step_api"].click(self.step, step_inputs, views, api_name="step", **model)
+        # A click while the last Step still runs: run it after, rather than drop it (the
+        # default for buttons).
+        ui["step"].click(
+            self.step_page, step_inputs, views, trigger_mode="always_last", **page, **model
+        )
+        self.play.wire(ui, step_inputs, views)  # Play: one stream of steps (watch_play.py)
         ui["reset"].click(self.reset, [state], views, api_name="reset")
         ui["load"].click(
             self.load_model,
@@ -421,7 +438,7 @@ class WatchTab:
         )
 
         private = dict(api_visibility="private")
-        ui["continue"].click(
+        ui["continue_api"].click(
             self.continue_,
             gen_inputs,
             views,
@@ -429,7 +446,9 @@ class WatchTab:
             api_visibility="undocumented",
             **model,
         )
-        for event in (ui["memory"].change, ui["mem_len"].release):
+        ui["continue"].click(self.continue_page, gen_inputs, views, **private, **model)
+        sampling = [ui[k].release for k in ("temperature", "top_k", "top_p")]
+        for event in (ui["memory"].change, ui["mem_len"].release, *sampling, ui["seed"].blur):
             event(
                 self.settings_changed,
                 [*settings, *view, state],
@@ -441,7 +460,7 @@ class WatchTab:
         # sends none), live while dragging; always_last skips the positions passed over.
         for event in (ui["layer"].change, ui["head"].change, ui["history"].input):
             event(
-                self.redraw,
+                self.redraw_page,
                 redraw,
                 [ui["text_html"], ui["attention"], ui["summary"], ui["predictions"]],
                 trigger_mode="always_last",
@@ -454,18 +473,6 @@ class WatchTab:
 
 # The settings' components, in the order of the handlers' inputs (Settings' fields).
 SETTINGS = ("memory", "mem_len", "temperature", "top_k", "top_p", "seed")
-
-
-def layer_choices(config: TXLConfig) -> dict:
-    return dict(
-        choices=[ALL_LAYERS] + [f"layer {i}" for i in range(config.n_layer)], value=ALL_LAYERS
-    )
-
-
-def head_choices(config: TXLConfig) -> dict:
-    return dict(
-        choices=[MEAN_HEADS] + [f"head {i}" for i in range(config.n_head)], value=MEAN_HEADS
-    )
 
 
 def check_room(s: Session) -> None:

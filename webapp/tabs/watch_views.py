@@ -1,7 +1,9 @@
 """What the Watch tab shows of a visitor's session after each event: the eight outputs
 (``WatchViews``), composed from webapp/watch_viz.py's views of the session's traces, the
-newest step's or one from the step history, for the layer and head the dropdowns chose.
-Plain data, no components: webapp/tabs/watch.py's handlers return these.
+newest step's or one from the step history, for the layer and head the dropdowns chose
+(``layer_choices``, ``head_choices``: what they offer; ``view_choice``: what they chose),
+and the empty frames the page draws them into (the templates). Plain data, no components:
+webapp/tabs/watch.py's handlers return these and lay the frames out.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+from txl import TXLConfig
 from txl.model import TransformerXL
 from txl.session import Session, memory_bytes_per_position
 from webapp import anatomy_viz, figures, watch_viz
@@ -16,6 +19,27 @@ from webapp.inputs import parse_choice
 from webapp.visitors import VisitorState
 
 HEATMAP_COLUMNS = 160  # more keys than this are summed into buckets (mem_len 128 + 1 fits)
+ALL_LAYERS, MEAN_HEADS = "all layers", "mean over heads"
+EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
+# The per-step views (parts.page_view): gr.HTML whose value is a dict (webapp.watch_viz's
+# text_view, attention_view, ...) drawn by webapp/web/*.js. The templates do not depend on
+# the value, so Gradio leaves their DOM alone and only the watch() callbacks redraw.
+ATTENTION_TEMPLATE = (
+    '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
+    'title="Save this view as PNG">⤓ PNG</button></div>'
+    f'<div class="txl-empty">{EMPTY_HEATMAP}</div>'
+    '<canvas></canvas><div class="txl-tip"></div></div><div class="txl-terms"></div>'
+)
+PREDICTIONS_TEMPLATE = (
+    '<div class="txl-pred"><div class="txl-empty">Step or Generate to see the next-token '
+    'prediction with and without memory.</div><div class="txl-pred-body"></div></div>'
+)
+SUMMARY_TEMPLATE = '<pre class="txl-summary"></pre>'
+STATUS_TEMPLATE = '<div class="txl-status"></div>'
+TEXT_TEMPLATE = (
+    '<div class="txl-textview"><div class="txl-legend"></div><div class="txl-text"></div>'
+    '<div class="txl-tip"></div></div>'
+)
 
 
 class WatchViews(NamedTuple):
@@ -32,8 +56,8 @@ class WatchViews(NamedTuple):
     state: VisitorState
 
     def packed(self) -> WatchViews:
-        """The page's own Step: the four views' dicts as one JSON string each
-        (figures.packed), which the page copies far faster."""
+        """The page's own events (Step, Generate, Continue, Play): the four views' dicts
+        as one JSON string each (figures.packed), which the page copies far faster."""
         return self._replace(
             text_view=figures.packed(self.text_view),
             attention=figures.packed(self.attention),
@@ -153,6 +177,18 @@ def view_choice(s: Session, layer, head) -> tuple[int | None, int | None]:
     """The layer and head the dropdowns chose (None: all layers, the mean over heads)."""
     c = s.model.config
     return parse_choice(layer, "layer", c.n_layer), parse_choice(head, "head", c.n_head)
+
+
+def layer_choices(config: TXLConfig) -> dict:
+    return dict(
+        choices=[ALL_LAYERS] + [f"layer {i}" for i in range(config.n_layer)], value=ALL_LAYERS
+    )
+
+
+def head_choices(config: TXLConfig) -> dict:
+    return dict(
+        choices=[MEAN_HEADS] + [f"head {i}" for i in range(config.n_head)], value=MEAN_HEADS
+    )
 
 
 def restore_note(state: VisitorState) -> str:

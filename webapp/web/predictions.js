@@ -77,7 +77,7 @@
       root.dataset.position = String(v.pos);
       root.dataset.bitsSaved = v.bits_saved == null ? "" : String(v.bits_saved);
     }
-    watch("value", render);
+    watch("value", TXL.painter(render));
     render();
   }
 

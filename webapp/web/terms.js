@@ -166,7 +166,7 @@
     new ResizeObserver(() => {
       if (v && v.terms && width() !== drawnWidth) L = draw(canvas, img, v, P, (drawnWidth = width()));
     }).observe(root);
-    watch("value", render);
+    watch("value", TXL.painter(render));
     render();
   }
 

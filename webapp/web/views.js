@@ -1,6 +1,6 @@
 // The per-step views of txl's app, drawn in the browser from the small dicts that
-// webapp/watch_viz.py builds (attention_view, text_view), and Play, which clicks Step after each
-// painted step. Loaded once into the page's <head> by app.py (launch(head=...)); each
+// webapp/watch_viz.py builds (attention_view, text_view), and Play, one stream of steps
+// from the server. Loaded once into the page's <head> by app.py (launch(head=...)); each
 // view's js_on_load calls TXL.mountAttention / TXL.mountText with Gradio's element,
 // props and watch. Plotly drew the same heatmap in ~400 ms of script per step; a canvas
 // takes a few milliseconds.
@@ -36,6 +36,22 @@
     if (typeof value.packed !== "string") return value;
     if (value.packed !== lastPacked) (lastView = JSON.parse(value.packed)), (lastPacked = value.packed);
     return lastView;
+  }
+
+  // A view's redraw on a new value: at once, or while Play streams once per frame, with
+  // the newest value (messages that come faster than the page paints are skipped; the
+  // text and the step history keep every step).
+  function painter(render) {
+    let queued = false;
+    return () => {
+      if (!play.streams) return render();
+      if (queued) return;
+      queued = true;
+      requestAnimationFrame(() => {
+        queued = false;
+        render();
+      });
+    };
   }
 
   // Tell whoever waits (Play, the tests, benchmarks) that a step's view is on screen.
@@ -220,7 +236,7 @@
       a.click();
     });
     new ResizeObserver(() => v && (L = drawAttention(canvas, v))).observe(root);
-    watch("value", render);
+    watch("value", painter(render));
     render();
   }
 
@@ -341,19 +357,23 @@
       render();
       toggled = false;
     });
-    watch("value", render);
+    watch("value", painter(render));
     render();
   }
 
-  // ---- Play: Step after Step, each sent when the previous one is painted ------------
+  // ---- Play: one stream of steps from the server (webapp/tabs/watch_play.py) -------
   //
-  // The page drives Play, not the server: each step is an ordinary Step request, so the
-  // server holds no loop (closing the tab stops it) and visitors share the queue fairly.
+  // Play clicks the hidden #play_run: one server event that steps the session and sends
+  // the newest step's views every few frames, painted by the views' own watch() as they
+  // come; the steps between are in the text and the step history. Pause clicks the hidden
+  // #play_stop, which stops the stream before its next step; the stream then sends the
+  // views of its last step and ends. The page numbers its Plays (playId: both events
+  // send it), so that a Pause stops the Play before it even when that Play is still queued.
 
-  // on: the user wants Play; running: the loop still has a step in flight or pending.
-  // #play's data-loop says "running" or "stopped", so that a test (or a user script) can
-  // wait for the loop itself to end rather than guess how long a step in flight takes.
-  const play = { on: false, running: false };
+  // on: the user wants Play; streams: Play events not yet ended. #play's data-loop says
+  // "running" until every stream has ended and its last views are painted, then "stopped",
+  // so that a test (or a user script) can wait for the session to be still.
+  const play = { on: false, id: 0, streams: 0 };
   function setPlaying(on) {
     play.on = on;
     const button = document.querySelector("#play");
@@ -362,67 +382,56 @@
       button.classList.toggle("txl-playing", on);
     }
   }
-  function nextPaint(timeoutMs) {
-    return new Promise((resolve) => {
-      const done = (ok) => {
-        clearTimeout(timer);
-        document.removeEventListener("txl-painted", onPaint);
-        document.removeEventListener("txl-error", onError);
-        resolve(ok);
-      };
-      const onPaint = (e) => e.target === document && done(true);
-      const onError = () => done(false);
-      const timer = setTimeout(() => done(false), timeoutMs);
-      document.addEventListener("txl-painted", onPaint);
-      document.addEventListener("txl-error", onError);
-    });
-  }
-  function setRunning(running) {
-    play.running = running;
+  function setRunning() {
     const button = document.querySelector("#play");
-    if (button) button.dataset.loop = running ? "running" : "stopped";
-  }
-  async function loop() {
-    setRunning(true);
-    while (play.on) {
-      const step = document.querySelector("#step");
-      if (!step) break;
-      const painted = nextPaint(20000);
-      play.clicking = true;
-      step.click();
-      play.clicking = false;
-      if (!(await painted)) break; // an error (the text cap, say) or no answer: stop
-    }
-    setPlaying(false);
-    setRunning(false);
+    if (button) button.dataset.loop = play.streams > 0 ? "running" : "stopped";
   }
   function togglePlay() {
-    if (play.on) return setPlaying(false);
+    if (play.on) return stopPlay();
+    const run = document.querySelector("#play_run");
+    if (!run) return;
+    play.id += 1;
+    play.streams += 1;
     setPlaying(true);
-    // Pause then Play again while a step is still in flight: the loop that is still
-    // running carries on, rather than a second loop sending Steps beside it.
-    if (!play.running) loop();
+    setRunning();
+    run.click();
   }
-  // Reset, Load, Generate and Continue stop Play; so does a Step clicked by hand.
+  function stopPlay() {
+    setPlaying(false);
+    document.querySelector("#play_stop")?.click();
+  }
+  // A Play event ended (paused, stopped by an error such as the text cap, or by another
+  // event): "stopped" once its last views are on screen (painter draws them at the next
+  // frame; the frame after it has them).
+  function playEnded() {
+    play.streams = Math.max(0, play.streams - 1);
+    if (play.streams === 0) setPlaying(false);
+    requestAnimationFrame(() =>
+      requestAnimationFrame(() => {
+        setRunning();
+        if (!play.streams) afterPlay.splice(0).forEach((click) => click());
+      }),
+    );
+  }
+  // The Play number #play_run and #play_stop send (their js: the first input replaced).
+  const withPlayId = (...inputs) => [play.id, ...inputs.slice(1)];
+  // Reset, Load, Generate and Continue stop Play; so does a Step clicked by hand. The
+  // click waits until the stream has ended (its last views painted), then goes on: so
+  // its answer comes after the stream's last message, never before it.
+  const STOPPERS = ["reset", "load", "generate", "continue", "step"];
+  const afterPlay = [];
   document.addEventListener(
     "click",
     (e) => {
-      if (!play.on) return;
-      const id = e.target.closest && e.target.closest("button")?.id;
-      if (["reset", "load", "generate", "continue"].includes(id)) setPlaying(false);
-      if (id === "step" && !play.clicking) setPlaying(false);
+      const button = e.target.closest && e.target.closest("button");
+      if (!play.streams || !button || !STOPPERS.includes(button.id)) return;
+      e.stopPropagation();
+      e.preventDefault();
+      if (play.on) stopPlay();
+      afterPlay.push(() => button.click());
     },
     true,
   );
-  // An error toast means the last request failed: Play must not wait for a paint.
-  new MutationObserver((records) => {
-    for (const r of records)
-      for (const n of r.addedNodes)
-        if (n.nodeType === 1 && (n.matches?.('[data-testid="toast-body"], .toast-body') || n.querySelector?.('[data-testid="toast-body"]'))) {
-          if (/error/i.test(n.className + " " + (n.querySelector?.("[class*=error]")?.className || "") + n.textContent.slice(0, 5)))
-            document.dispatchEvent(new CustomEvent("txl-error"));
-        }
-  }).observe(document.body, { childList: true, subtree: true });
 
-  window.TXL = { unpack, mountAttention, mountText, togglePlay, viridis, effectAt, effectColor, effectTip, visible };
+  window.TXL = { unpack, painter, mountAttention, mountText, togglePlay, playEnded, withPlayId, viridis, effectAt, effectColor, effectTip, visible };
 })();
