@@ -3,6 +3,7 @@
     .venv/bin/python scripts/train_recall.py --data tinyshakespeare.txt          # start, or go on
     .venv/bin/python scripts/train_recall.py --data tinyshakespeare.txt --table  # the plan, spent
     .venv/bin/python scripts/train_recall.py --data tinyshakespeare.txt --save   # keep it in git
+    .venv/bin/python scripts/train_recall.py --data ... --end-phase phase1-copy  # goal met: next
 
 Each phase is one ``txl.train`` run in ``runs/recall/<phase>/`` (ignored by git), started
 from the previous phase's model (the first from the plan's ``init_from``) and budgeted in
@@ -142,6 +143,19 @@ def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) 
     subprocess.run([python, *cmd], cwd=ROOT, check=True)
 
 
+def end_phase(plan: Plan, name: str, python: str, threads: int) -> None:
+    """End a started phase at its last checkpoint, its goal met before its budget was
+    spent: txl.train resumed with --steps at that step trains no more and finishes (the
+    model, eval.json), and the next phase starts from that model."""
+    run = plan.runs / name
+    if status(run) != "started":
+        raise SystemExit(f"--end-phase {name}: no started phase at {run}")
+    step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
+    cmd = ["-m", "txl.train", "--out", str(run), "--resume", "--steps", str(step)]
+    print(f"{name}: ended at step {step:,}, its checkpoint", flush=True)
+    subprocess.run([python, *cmd, "--threads", str(threads)], cwd=ROOT, check=True)
+
+
 def save(plan: Plan, saved: Path) -> None:
     """Copy what a new checkout needs to go on into ``saved``: every phase's log, the
     checkpoint of the phase in progress, and the model of the last finished phase when the
@@ -254,6 +268,11 @@ def main(argv=None) -> int:
     p.add_argument("--plot", type=Path, help="draw the phase change to this PNG")
     p.add_argument("--phases", type=int, default=0, help="run only this many phases (0: all)")
     p.add_argument(
+        "--end-phase",
+        metavar="NAME",
+        help="end this started phase at its last checkpoint (its goal is met), then go on",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -272,6 +291,8 @@ def main(argv=None) -> int:
         print(table(plan))
         return 0
     restore(plan, a.saved, a.data)
+    if a.end_phase:
+        end_phase(plan, a.end_phase, sys.executable, a.threads)
     for phase in plan.phases[: a.phases or None]:
         if status(plan.run_dir(phase)) != "done":
             train_phase(plan, phase, a.data, sys.executable, a.threads)

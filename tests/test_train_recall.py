@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -93,6 +94,11 @@ def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd)
     assert sorted(p.name for p in kept.iterdir()) == sorted(driver.KEPT_CHECKPOINT)
     assert not (saved / "a" / "model").exists()  # b has started: a's model is not needed
     assert (saved / "a" / "eval.json").exists()  # but a is known to be done
+    shutil.copytree(cut, tmp_path / "ended")  # b's goal met at step 2: it ends there
+    driver.main([*args, str(tmp_path / "ended"), "--plan", str(interrupted), "--phases", "1",
+                 "--end-phase", "b"])  # fmt: skip
+    assert driver.status(tmp_path / "ended" / "b") == "done"
+    assert max(losses(tmp_path / "ended" / "b")) == 2
 
     # ... and a new checkout (nothing in its runs) restores it and goes on from step 2.
     new = tmp_path / "new"

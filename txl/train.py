@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.resume and out and (out / "run.json").exists():
         saved = json.loads((out / "run.json").read_text())
         args, model_kw = TrainArgs(**saved["train"]), saved["model"]
+        args.out = ns.out  # the run is where it is now, also when its folder was moved
         for name in RESUME_MAY_CHANGE:
             if getattr(ns, name) is not None:
                 setattr(args, name, getattr(ns, name))
@@ -576,7 +577,8 @@ def train(
             break  # as if interrupted: no final model; --resume continues from here
     bar.close()
 
-    if main_proc and done != args.stop_after:
+    interrupted = done == args.stop_after and done < args.steps  # --stop-after: no model yet
+    if main_proc and not interrupted:
         finish(model, out, args, cfg, val_text, text, n_params, tokens_seen, elapsed, log)
     elif main_proc:
         log.close()
