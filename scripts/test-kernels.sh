@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 
 # The quick numerical files: exactness against forward passes, the reference and float64.
-NUMERICAL=(tests/test_tolerance.py tests/test_model.py tests/test_session.py
+NUMERICAL=(tests/test_tolerance.py tests/test_model.py tests/test_cached.py tests/test_session.py
            tests/test_evaluate.py tests/test_predictions.py tests/test_anatomy.py
            tests/test_reference.py)
 
