@@ -46,11 +46,14 @@ def recall_text(
     copy_every: int,
     seed: int,
     copy_gap: tuple[int, int] = (0, 0),
+    near_share: float = 0.0,
 ) -> str:
     """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
     after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
     comes only after lo..hi characters of the following speeches (drawn per drill), so
-    that past a segment only memory holds it, as the recall probe's name is held."""
+    that past a segment only memory holds it, as the recall probe's name is held; then
+    ``near_share`` of the drills still repeat at once (a copy skill that has just formed
+    is lost without them: docs/recall-training.md, r1's phase 2a)."""
     rng = random.Random(seed)
     speeches = [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
     out, names = [], {}
@@ -69,7 +72,7 @@ def recall_text(
         parts += [line + "\n\n" for line in due]
         if copy_every and i % copy_every == copy_every - 1:
             drill = copy_drill(rng)
-            if copy_gap[1] > 0:  # the line now, its copy later
+            if copy_gap[1] > 0 and rng.random() >= near_share:  # the line now, its copy later
                 line = drill.split("\n")[0]
                 parts.append(line + "\n\n")
                 gap = rng.randint(*copy_gap)
@@ -78,6 +81,7 @@ def recall_text(
                 parts.append(drill)
         out += parts
         written += sum(map(len, parts))
+    out += [line + "\n\n" for _, line in pending]  # the text ends: every copy is written
     return "".join(out)
 
 
@@ -94,6 +98,9 @@ def main(argv=None) -> int:
         default="0,0",
         help="LO,HI: a drill's copy comes LO..HI characters after its line (0,0: at once)",
     )
+    p.add_argument(
+        "--near-share", type=float, default=0.0, help="with --copy-gap: drills copied at once"
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
@@ -106,7 +113,9 @@ def main(argv=None) -> int:
         parts = ["".join(copy_drill(rng) for _ in range(a.drills))]
     else:
         parts = [
-            recall_text(train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed + r, gap)
+            recall_text(
+                train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed + r, gap, a.near_share
+            )
             for r in range(a.repeat)
         ]
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -116,8 +116,9 @@ def make_text(phase: dict, data: Path, runs: Path) -> Path:
         gap = tuple(int(x) for x in d["copy_gap"].split(","))
         passes = [
             recall_text(
-                train, d["chunk"], d["rename"], d["max_lines"], d["copy_every"], d["seed"] + r, gap
-            )
+                train, d["chunk"], d["rename"], d["max_lines"], d["copy_every"], d["seed"] + r, gap,
+                d.get("near_share", 0.0),
+            )  # fmt: skip
             for r in range(d["repeat"])
         ]
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -62,3 +62,34 @@ def test_the_script_reads_a_model_folder_and_a_run_folder_alike(tmp_path):
         assert [line.split(": ")[0] for line in lines] == [f"{source} gap 0", f"{source} gap 20"]
         printed.append([line.split(": ")[1] for line in lines])
     assert printed[0] == printed[1]  # the same weights, read from either folder
+
+
+def test_far_copies_come_later_and_near_ones_at_once(monkeypatch):
+    """recall_data.recall_text(copy_gap=(lo, hi), near_share): every drill line is written
+    twice; a far one's copy comes lo or more characters after it, a near one's at once."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_data import recall_text
+
+    speeches = "".join(f"ROMEO:\n{i} {i + 1}.\n\nJULIET:\n{i * 7}, {i}!\n\n" for i in range(200))
+
+    def copies(text: str) -> list[int]:
+        """Characters between the two writings of each drill line (letters and spaces)."""
+        lines = text.split("\n")
+        starts, gaps = {}, []
+        at = 0
+        for line in lines:
+            if line and all(c.isalpha() or c == " " for c in line):
+                if line in starts:
+                    gaps.append(at - starts.pop(line))
+                else:
+                    starts[line] = at
+            at += len(line) + 1
+        assert not starts  # every line was written twice
+        return gaps
+
+    far = copies(recall_text(speeches, 30, 0.0, 0, 1, 3, copy_gap=(64, 100)))
+    assert len(far) == 400 and min(far) >= 64
+    near = copies(recall_text(speeches, 30, 0.0, 0, 1, 3, copy_gap=(64, 100), near_share=1.0))
+    assert len(near) == 400 and all(gap <= 40 for gap in near)  # the line, then its copy
+    mixed = copies(recall_text(speeches, 30, 0.0, 0, 1, 3, copy_gap=(64, 100), near_share=0.5))
+    assert 100 < sum(gap >= 64 for gap in mixed) < 300
