@@ -85,6 +85,27 @@ def recall_text(
     return "".join(out)
 
 
+def recall_passes(
+    train: str,
+    chunk: int,
+    rename: float,
+    max_lines: int,
+    copy_every: int,
+    seed: int,
+    copy_gap: str = "0,0",
+    near_share: float = 0.0,
+    repeat: int = 1,
+) -> str:
+    """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
+    (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
+    keywords are a recipe's: scripts/train_recall.py passes a phase's ``data`` as they are."""
+    gap = tuple(int(x) for x in copy_gap.split(","))
+    return "".join(
+        recall_text(train, chunk, rename, max_lines, copy_every, seed + r, gap, near_share)
+        for r in range(repeat)
+    )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="Tiny Shakespeare (the training 90 % is used)")
@@ -106,21 +127,17 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     train, _ = train_val_split(load_text(a.data))
-    gap = tuple(int(x) for x in a.copy_gap.split(","))
     if a.drills:  # a text of copy drills alone: the densest copying signal
         rng = random.Random(a.seed)
-        train = ""
-        parts = ["".join(copy_drill(rng) for _ in range(a.drills))]
+        text = "".join(copy_drill(rng) for _ in range(a.drills))
     else:
-        parts = [
-            recall_text(
-                train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed + r, gap, a.near_share
-            )
-            for r in range(a.repeat)
-        ]
+        text = recall_passes(
+            train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed, a.copy_gap,
+            a.near_share, a.repeat,
+        )  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text("".join(parts))
-    print(f"{a.out}: {sum(map(len, parts)):,} characters")
+    a.out.write_text(text)
+    print(f"{a.out}: {len(text):,} characters")
     return 0
 
 

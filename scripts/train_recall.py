@@ -14,7 +14,7 @@ spans sessions: a phase that was started is resumed (``--resume``), a finished o
 skipped, and ``--save`` copies what the next session needs into
 ``weights/recall-run-in-progress/`` (committed; removed when the final weights land), from
 where a new checkout restores it. Each phase's training text is made afresh from its recipe
-(``recall_data.recall_text``, seeded), so no altered text is ever committed.
+(``recall_data.recall_passes``, seeded), so no altered text is ever committed.
 
 ``--plot`` draws the phase change: the copy drill and the recall probe that
 ``--probe-every`` logs, against the tokens of all phases.
@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recall_data import recall_text  # scripts/, beside this file
+from recall_data import recall_passes  # scripts/, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -111,18 +111,9 @@ def make_text(phase: dict, data: Path, runs: Path) -> Path:
     """The phase's training text, made from its recipe (deterministic, never committed)."""
     out = runs / "data" / f"{phase['name']}.txt"
     if not out.exists():
-        d = phase["data"]
         train, _ = train_val_split(load_text(str(data)))
-        gap = tuple(int(x) for x in d["copy_gap"].split(","))
-        passes = [
-            recall_text(
-                train, d["chunk"], d["rename"], d["max_lines"], d["copy_every"], d["seed"] + r, gap,
-                d.get("near_share", 0.0),
-            )  # fmt: skip
-            for r in range(d["repeat"])
-        ]
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(passes))
+        out.write_text(recall_passes(train, **phase["data"]))
     return out
 
 

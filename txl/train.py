@@ -458,8 +458,8 @@ def train(
     train_ids = torch.tensor(tokenizer.encode(train_text), dtype=torch.long)
     val_ids = torch.tensor(tokenizer.encode(val_text), dtype=torch.long)
     batcher = StreamBatcher(train_ids, args.batch, cfg.tgt_len, rank, world)
-    if args.probe_every and tokenizer.unknown_symbols(progress_symbols(val_text)):
-        missing = "".join(tokenizer.unknown_symbols(progress_symbols(val_text)))
+    missing = args.probe_every and "".join(tokenizer.unknown_symbols(progress_symbols(val_text)))
+    if missing:
         raise SystemExit(f"--probe-every: the text lacks characters the probes use: {missing!r}")
 
     torch.manual_seed(args.seed)
