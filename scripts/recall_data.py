@@ -17,6 +17,7 @@ a line of made-up words written twice, the purest copying signal there is.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import re
 import string
@@ -47,13 +48,21 @@ def recall_text(
     seed: int,
     copy_gap: tuple[int, int] = (0, 0),
     near_share: float = 0.0,
+    inline_gap: bool = False,
 ) -> str:
     """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
     after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
     comes only after lo..hi characters of the following speeches (drawn per drill), so
     that past a segment only memory holds it, as the recall probe's name is held; then
     ``near_share`` of the drills still repeat at once (a copy skill that has just formed
-    is lost without them: docs/recall-training.md, r1's phase 2a)."""
+    is lost without them: docs/recall-training.md, r1's phase 2a).
+
+    With ``inline_gap`` the copy comes inside the drill instead, after a slice of ``text``
+    (from anywhere) whose length is drawn log-uniformly in lo..hi: as many gaps of 8-16
+    characters as of 250-500, so copies inside the segment, where no memory is needed,
+    teach copying by what the line says before memory must carry it. (Copies that always
+    follow at once teach a copy of the line just above and no farther: 16 characters of
+    filler already undo most of it; docs/recall-training.md, r1's phase 2.)"""
     rng = random.Random(seed)
     speeches = [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
     out, names = [], {}
@@ -74,9 +83,15 @@ def recall_text(
             drill = copy_drill(rng)
             if copy_gap[1] > 0 and rng.random() >= near_share:  # the line now, its copy later
                 line = drill.split("\n")[0]
-                parts.append(line + "\n\n")
-                gap = rng.randint(*copy_gap)
-                pending.append((written + sum(map(len, parts)) + gap, line))
+                if inline_gap:  # after a slice of text, inside the drill
+                    lo, hi = copy_gap
+                    gap = round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi))))
+                    at = rng.randrange(len(text) - gap)
+                    parts.append(f"{line}\n{text[at : at + gap]}\n{line}\n\n")
+                else:  # after the speeches that follow
+                    parts.append(line + "\n\n")
+                    gap = rng.randint(*copy_gap)
+                    pending.append((written + sum(map(len, parts)) + gap, line))
             else:
                 parts.append(drill)
         out += parts
@@ -95,13 +110,16 @@ def recall_passes(
     copy_gap: str = "0,0",
     near_share: float = 0.0,
     repeat: int = 1,
+    inline_gap: bool = False,
 ) -> str:
     """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
     (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
     keywords are a recipe's: scripts/train_recall.py passes a phase's ``data`` as they are."""
     gap = tuple(int(x) for x in copy_gap.split(","))
     return "".join(
-        recall_text(train, chunk, rename, max_lines, copy_every, seed + r, gap, near_share)
+        recall_text(
+            train, chunk, rename, max_lines, copy_every, seed + r, gap, near_share, inline_gap
+        )
         for r in range(repeat)
     )
 
@@ -122,6 +140,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--near-share", type=float, default=0.0, help="with --copy-gap: drills copied at once"
     )
+    p.add_argument(
+        "--inline-gap",
+        action="store_true",
+        help="with --copy-gap: the copy follows inside the drill, after LO..HI characters "
+        "of training text (log-uniform), not after the next speeches",
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
@@ -133,7 +157,7 @@ def main(argv=None) -> int:
     else:
         text = recall_passes(
             train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed, a.copy_gap,
-            a.near_share, a.repeat,
+            a.near_share, a.repeat, a.inline_gap,
         )  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

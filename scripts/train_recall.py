@@ -228,9 +228,14 @@ def plot(plan: Plan, png: Path) -> None:
             recall.axvline(offset / 1e6, color="0.7", lw=0.8)
         offset += tokens_spent(plan.run_dir(phase))
     tokens = [p["tokens"] / 1e6 for p in points]
-    for gap in ("0", "100", "400"):
-        drill.plot(tokens, [p["copy_drill"][gap]["copy"] for p in points], "o-", ms=3,
-                   label=f"copy, gap {gap}")  # fmt: skip
+    for gap in sorted({g for p in points for g in p["copy_drill"]}, key=int):
+        # gap 32 is read from phase 2b on: each gap is drawn where it was read
+        read = [
+            (t, p["copy_drill"][gap]["copy"])
+            for t, p in zip(tokens, points)
+            if gap in p["copy_drill"]
+        ]
+        drill.plot(*zip(*read), "o-", ms=3, label=f"copy, gap {gap}")
     drill.plot(tokens, [p["copy_drill"]["0"]["line"] for p in points], "k--", lw=1,
                label="the line itself")  # fmt: skip
     for k in ("100", "400"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,21 @@ def test_far_copies_come_later_and_near_ones_at_once(monkeypatch):
     assert len(near) == 400 and all(gap <= 40 for gap in near)  # the line, then its copy
     mixed = copies(recall_text(speeches, 30, 0.0, 0, 1, 3, copy_gap=(64, 100), near_share=0.5))
     assert 100 < sum(gap >= 64 for gap in mixed) < 300
+
+
+def test_inline_copies_follow_a_slice_of_text_of_log_uniform_length(monkeypatch):
+    """recall_data.recall_text(inline_gap=True): each far drill is its line, a slice of the
+    text lo..hi characters long, the line again; the lengths are spread evenly in log, so
+    short gaps (in the segment) are as common as long ones (only memory reaches those)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_data import recall_text
+
+    speeches = "".join(f"ROMEO:\n{i} {i + 1}.\n\nJULIET:\n{i * 7}, {i}!\n\n" for i in range(400))
+    text = recall_text(speeches, 30, 0.0, 0, 1, 3, copy_gap=(8, 512), inline_gap=True)
+    drills = re.findall(r"\n\n([a-zA-Z ]+)\n(.*?)\n\1\n\n", "\n\n" + text, flags=re.S)
+    assert len(drills) == 800  # a drill after every speech
+    gaps = sorted(len(between) for _, between in drills)
+    assert gaps[0] >= 8 and gaps[-1] <= 512
+    assert 0.35 < sum(g < 64 for g in gaps) / len(gaps) < 0.65  # 64 = sqrt(8 * 512)
+    assert all(between in speeches for _, between in drills)  # a slice of the text itself
+    assert text == recall_text(speeches, 30, 0.0, 0, 1, 3, copy_gap=(8, 512), inline_gap=True)

@@ -335,7 +335,7 @@ def drill_bits(
 
 PROGRESS_NAMES = ("ZANTHOR", "QUIBLEY", "MORVATH", "Belisande")
 PROGRESS_FILLERS_AT = (1000, 50000)  # validation positions where the fillers start
-PROGRESS_GAPS = (0, 100, 400)
+PROGRESS_GAPS = (0, 32, 100, 400)
 PROGRESS_DISTANCES = (100, 200, 400)
 
 
