@@ -49,6 +49,7 @@ def recall_text(
     copy_gap: tuple[int, int] = (0, 0),
     near_share: float = 0.0,
     inline_gap: bool = False,
+    name_share: float = 0.0,
 ) -> str:
     """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
     after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
@@ -62,7 +63,12 @@ def recall_text(
     characters as of 250-500, so copies inside the segment, where no memory is needed,
     teach copying by what the line says before memory must carry it. (Copies that always
     follow at once teach a copy of the line just above and no farther: 16 characters of
-    filler already undo most of it; docs/recall-training.md, r1's phase 2.)"""
+    filler already undo most of it; docs/recall-training.md, r1's phase 2.)
+
+    ``name_share`` of those inline drills are a made-up speaker instead, who speaks a line
+    of the text and speaks again after the slice: "NAME:\\n<line>\\n\\n<slice>\\n\\nNAME:\\n
+    <line>". A copy learned on drill lines alone did not carry over to speakers' names,
+    which is what the recall probe asks (r1's phase 2b)."""
     rng = random.Random(seed)
     speeches = [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
     out, names = [], {}
@@ -87,7 +93,14 @@ def recall_text(
                     lo, hi = copy_gap
                     gap = round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi))))
                     at = rng.randrange(len(text) - gap)
-                    parts.append(f"{line}\n{text[at : at + gap]}\n{line}\n\n")
+                    between = text[at : at + gap]
+                    if rng.random() < name_share:  # a made-up speaker returns
+                        name = made_up_name(rng)
+                        name = name.title() if rng.random() < 0.25 else name
+                        said = [rng.choice(rng.choice(speeches)[1]) for _ in range(2)]
+                        parts.append(f"{name}:\n{said[0]}\n\n{between}\n\n{name}:\n{said[1]}\n\n")
+                    else:
+                        parts.append(f"{line}\n{between}\n{line}\n\n")
                 else:  # after the speeches that follow
                     parts.append(line + "\n\n")
                     gap = rng.randint(*copy_gap)
@@ -111,15 +124,15 @@ def recall_passes(
     near_share: float = 0.0,
     repeat: int = 1,
     inline_gap: bool = False,
+    name_share: float = 0.0,
 ) -> str:
     """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
     (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
     keywords are a recipe's: scripts/train_recall.py passes a phase's ``data`` as they are."""
     gap = tuple(int(x) for x in copy_gap.split(","))
+    drills = dict(copy_gap=gap, near_share=near_share, inline_gap=inline_gap, name_share=name_share)
     return "".join(
-        recall_text(
-            train, chunk, rename, max_lines, copy_every, seed + r, gap, near_share, inline_gap
-        )
+        recall_text(train, chunk, rename, max_lines, copy_every, seed + r, **drills)
         for r in range(repeat)
     )
 
@@ -146,6 +159,12 @@ def main(argv=None) -> int:
         help="with --copy-gap: the copy follows inside the drill, after LO..HI characters "
         "of training text (log-uniform), not after the next speeches",
     )
+    p.add_argument(
+        "--name-share",
+        type=float,
+        default=0.0,
+        help="with --inline-gap: drills that are a made-up speaker who speaks again",
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
@@ -157,7 +176,7 @@ def main(argv=None) -> int:
     else:
         text = recall_passes(
             train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed, a.copy_gap,
-            a.near_share, a.repeat, a.inline_gap,
+            a.near_share, a.repeat, a.inline_gap, a.name_share,
         )  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

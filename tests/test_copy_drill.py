@@ -112,3 +112,22 @@ def test_inline_copies_follow_a_slice_of_text_of_log_uniform_length(monkeypatch)
     assert 0.35 < sum(g < 64 for g in gaps) / len(gaps) < 0.65  # 64 = sqrt(8 * 512)
     assert all(between in speeches for _, between in drills)  # a slice of the text itself
     assert text == recall_text(speeches, 30, 0.0, 0, 1, 3, copy_gap=(8, 512), inline_gap=True)
+
+
+def test_name_drills_are_a_made_up_speaker_who_speaks_again(monkeypatch):
+    """recall_data.recall_text(name_share=1.0): every drill is a made-up speaker with a line
+    of the text, a slice of the text, the same speaker again with another line."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_data import recall_text
+
+    speeches = "".join(f"ROMEO:\n{i} {i + 1}.\n\nJULIET:\n{i * 7}, {i}!\n\n" for i in range(100))
+    text = recall_text(speeches, 30, 0.0, 0, 1, 3, (8, 512), inline_gap=True, name_share=1.0)
+    speakers = re.finditer(r"(?m)^([A-Za-z ]+):\n", text)
+    made_up = [m for m in speakers if m[1] not in "ROMEO JULIET"]  # nor a slice's "IET:"
+    assert len(made_up) == 2 * 200  # a drill after every speech, its speaker there twice
+    for first, again in zip(made_up[::2], made_up[1::2]):
+        assert first[1] == again[1] and (first[1].isupper() or first[1].istitle())
+        said = text[first.end() :].split("\n")[0]
+        assert f"\n{said}\n" in speeches  # a line of the text
+        between = text[first.end() + len(said) + 2 : again.start() - 2]
+        assert 8 <= len(between) <= 512 and between in speeches
