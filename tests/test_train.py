@@ -200,11 +200,15 @@ def test_memory_length_augmentation_is_in_range_and_repeatable():
     lengths = [memory_length(step, args, 128) for step in range(200)]
     assert set(lengths) == set(range(3, 10))  # every length in [mem_min, mem_max] occurs
     assert lengths == [memory_length(step, args, 128) for step in range(200)]  # per step
+    fresh = TrainArgs(data="x", out="y", mem_min=3, mem_max=9, seed=1, mem_reset=0.25)
+    lengths = [memory_length(step, fresh, 128) for step in range(400)]
+    assert set(lengths) == {0} | set(range(3, 10))
+    assert 60 < lengths.count(0) < 140  # a quarter of the steps start afresh
 
 
 def test_training_with_augmented_memory_resumes_exactly(toy_text, tmp_path):
     model_kw = dict(TINY_MODEL, dropout=0.0)
-    aug = dict(mem_min=4, mem_max=40, steps=14, ckpt_every=7)
+    aug = dict(mem_min=4, mem_max=40, mem_reset=0.3, steps=14, ckpt_every=7)
     train(run_args(toy_text, tmp_path / "straight", **aug), model_kw)
     train(run_args(toy_text, tmp_path / "broken", stop_after=7, **aug), model_kw)
     train(run_args(toy_text, tmp_path / "broken", **aug), model_kw, resume=True)

@@ -88,6 +88,7 @@ class TrainArgs:
     stop_after: int = 0  # > 0: stop after this step as if interrupted (resume continues it)
     mem_min: int = 0  # with mem_max: each step attends over a memory of random length in
     mem_max: int = 0  # [mem_min, mem_max] (0: always the config's mem_len), see memory_length
+    mem_reset: float = 0.0  # this share of steps attend over no memory: a text starts afresh
     init_std: float = 0.02
     init_from: str = ""  # a model folder (save_pretrained) to start from: fine-tuning
     train_data: str = ""  # train on this text instead of --data's first 90 % (a recipe's
@@ -123,10 +124,19 @@ def memory_length(step: int, a: TrainArgs, mem_len: int) -> int:
     Memory-length augmentation: a model that only ever saw mem_len cached positions has
     never had to spread attention over more keys than that. Drawing the length per step
     from [mem_min, mem_max] shows it memories both shorter and longer than the default.
-    Deterministic per step, so --resume stays exact."""
+    Deterministic per step, so --resume stays exact.
+
+    With ``mem_reset``, that share of steps attends over none, so the memory after it holds
+    only states computed without context, as at the start of a text. Carried memory never
+    starts afresh otherwise (one stream runs through the whole text), and a model trained
+    so does not copy a name written at the very start of a text, where the recall probe
+    writes it (docs/recall-training.md, r1's phase 2c)."""
     if a.mem_max <= 0:
         return mem_len
-    return random.Random(a.seed * 1_000_003 + step).randint(a.mem_min, a.mem_max)
+    rng = random.Random(a.seed * 1_000_003 + step)
+    if a.mem_reset > 0 and rng.random() < a.mem_reset:
+        return 0
+    return rng.randint(a.mem_min, a.mem_max)
 
 
 def make_optimizer(model: torch.nn.Module, a: TrainArgs) -> torch.optim.AdamW:
