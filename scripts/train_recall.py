@@ -243,6 +243,11 @@ def plot(plan: Plan, png: Path) -> None:
                     label=f"memory 512, k = {k}")  # fmt: skip
         recall.plot(tokens, [p["recall_window"][k] for p in points], "x--", ms=3,
                     label=f"window 64, k = {k}")  # fmt: skip
+        planted = [
+            (t, p["planted_memory"][k]) for t, p in zip(tokens, points) if "planted_memory" in p
+        ]
+        if planted:  # logged from phase 3 on: the probe written after whole speeches
+            recall.plot(*zip(*planted), "s-", ms=4, label=f"planted in text, memory 512, k = {k}")
     drill.set(title="Copy drill", xlabel="tokens (millions; grey: a new phase)",
               ylabel="bits per character")  # fmt: skip
     recall.set(title="A made-up name, k characters back", xlabel="tokens (millions)")

@@ -19,6 +19,7 @@ from txl.recall import (
     MAX_NAME_CHARS,
     RecallRow,
     check_recall,
+    planted_bits,
     probe_head,
     probe_text,
     reach,
@@ -131,6 +132,24 @@ def test_every_row_equals_direct_forwards(model, mem_len):
         if mem_len >= len(r.text):  # a memory longer than the probe sees all of it
             whole = bits(direct_whole(model, ids, r.start))
             assert r.bits_memory == pytest.approx(whole, abs=TOL)
+
+
+@pytest.mark.parametrize("k", [4, 37])
+def test_a_planted_probe_is_the_probe_read_after_the_text_before_it(model, k):
+    """planted_bits: the name after its cue, the probe written after ``before``, read with
+    memory from the text's start and through the window; with nothing before, the probe's."""
+    before = "ROMEO:\nI will go; and you, stay.\n\n"
+    text, start = probe_text(NAME, FILLER, k)
+    ids = ids_of(model, before + text)
+    memory, window = planted_bits(model, before, NAME, FILLER, k, MEM)
+    assert memory == pytest.approx(bits(streamed(model, ids, MEM, len(before) + start)), abs=TOL)
+    assert window == pytest.approx(
+        bits(direct_window(model, ids, len(before) + start, SEG)), abs=TOL
+    )
+    row = next(recall_probe(model, NAME, FILLER, [k], MEM))
+    assert planted_bits(model, "", NAME, FILLER, k, MEM) == pytest.approx(
+        (row.bits_memory, row.bits_window), abs=TOL
+    )
 
 
 def test_shared_reads_equal_the_plain_reads_bit_for_bit():

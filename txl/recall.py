@@ -337,6 +337,7 @@ PROGRESS_NAMES = ("ZANTHOR", "QUIBLEY", "MORVATH", "Belisande")
 PROGRESS_FILLERS_AT = (1000, 50000)  # validation positions where the fillers start
 PROGRESS_GAPS = (0, 32, 100, 400)
 PROGRESS_DISTANCES = (100, 200, 400)
+PROGRESS_PLANTED_AT = 20000  # the whole speeches from here (150+ characters) come first
 
 
 def progress_filler(val_text: str, at: int) -> str:
@@ -344,6 +345,31 @@ def progress_filler(val_text: str, at: int) -> str:
     n = max(PROGRESS_DISTANCES)
     at = min(at, max(0, len(val_text) - n))
     return val_text[at : at + n]
+
+
+def progress_before(val_text: str) -> str:
+    """Whole speeches of the validation text, 150 characters or more, from about
+    ``PROGRESS_PLANTED_AT``: what a planted probe is written after."""
+    at = min(PROGRESS_PLANTED_AT, len(val_text) // 2)
+    start = val_text.find("\n\n", at) + 2
+    end = val_text.find("\n\n", start + 150) + 2
+    return val_text[start:end] if start >= 2 and end > start else ""
+
+
+def planted_bits(
+    model: TransformerXL, before: str, name: str, filler: str, distance: int, mem_len: int
+) -> tuple[float, float]:
+    """The probe of ``probe_text`` written after ``before``, as a speaker planted inside a
+    text is: (bits/char of the name after its cue with memory ``mem_len``, through the
+    window). A name that opens the text is read from states computed without any context,
+    which a model trained on one long stream may never have seen (docs/recall-training.md,
+    r1's phase 2c); this reads the other case."""
+    text, start = probe_text(name, filler, distance)
+    ids = torch.tensor(model.tokenizer.encode(before + text), dtype=torch.long)
+    start += len(before)
+    seg = model.config.tgt_len
+    memory = _bits(memory_nll(model, ids, seg, mem_len, start=start))
+    return memory, _bits(sliding_nll(model, ids, seg, start=start))
 
 
 def progress_symbols(val_text: str) -> str:
@@ -356,6 +382,7 @@ def progress_symbols(val_text: str) -> str:
         + DRILL_FILLER
         + string.ascii_letters
         + fillers
+        + progress_before(val_text)
     )
 
 
@@ -365,7 +392,8 @@ def recall_progress(model: TransformerXL, val_text: str, mem_len: int = 512) -> 
     name at each distance, with memory ``mem_len`` and through the window (tgt_len, no
     memory), over the names of docs/recall-training.md and two validation fillers. When
     copying forms, ``copy`` at gap 0 drops; when it reaches memory, gaps 100 and 400
-    and ``recall_memory`` drop while ``recall_window`` stays high."""
+    and ``recall_memory`` drop while ``recall_window`` stays high. ``planted_memory`` and
+    ``planted_window``: the same probes written after whole speeches (``planted_bits``)."""
     was_training = model.training
     model.eval()
     try:
@@ -392,10 +420,27 @@ def recall_progress(model: TransformerXL, val_text: str, mem_len: int = 512) -> 
                 for k in PROGRESS_DISTANCES
             }
 
+        before = progress_before(val_text)
+        planted = {
+            k: [
+                planted_bits(model, before, name, progress_filler(val_text, at), k, mem_len)
+                for name in PROGRESS_NAMES
+                for at in PROGRESS_FILLERS_AT
+            ]
+            for k in PROGRESS_DISTANCES
+        }
+
+        def planted_mean(i: int) -> dict:
+            return {
+                str(k): round(sum(r[i] for r in rows) / len(rows), 4) for k, rows in planted.items()
+            }
+
         return {
             "copy_drill": drill,
             "recall_memory": mean("bits_memory"),
             "recall_window": mean("bits_window"),
+            "planted_memory": planted_mean(0),
+            "planted_window": planted_mean(1),
         }
     finally:
         model.train(was_training)
