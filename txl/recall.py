@@ -386,6 +386,17 @@ def progress_symbols(val_text: str) -> str:
     )
 
 
+def _per_distance(readings) -> dict:
+    """{"k": mean bits} over (distance k, bits) pairs, for each of PROGRESS_DISTANCES."""
+    readings = list(readings)
+    return {
+        str(k): round(
+            sum(bits for d, bits in readings if d == k) / sum(d == k for d, _ in readings), 4
+        )
+        for k in PROGRESS_DISTANCES
+    }
+
+
 def recall_progress(model: TransformerXL, val_text: str, mem_len: int = 512) -> dict:
     """What ``txl.train --probe-every`` logs: the copy drill at gaps 0 (in the segment),
     100 and 400 (memory only), and the recall probe's mean bits per character of the
@@ -410,37 +421,19 @@ def recall_progress(model: TransformerXL, val_text: str, mem_len: int = 512) -> 
             )
         ]
 
-        def mean(key: str) -> dict:
-            return {
-                str(k): round(
-                    sum(getattr(r, key) for r in rows if r.distance == k)
-                    / sum(r.distance == k for r in rows),
-                    4,
-                )
-                for k in PROGRESS_DISTANCES
-            }
-
         before = progress_before(val_text)
-        planted = {
-            k: [
-                planted_bits(model, before, name, progress_filler(val_text, at), k, mem_len)
-                for name in PROGRESS_NAMES
-                for at in PROGRESS_FILLERS_AT
-            ]
+        planted = [
+            (k, *planted_bits(model, before, name, progress_filler(val_text, at), k, mem_len))
+            for name in PROGRESS_NAMES
+            for at in PROGRESS_FILLERS_AT
             for k in PROGRESS_DISTANCES
-        }
-
-        def planted_mean(i: int) -> dict:
-            return {
-                str(k): round(sum(r[i] for r in rows) / len(rows), 4) for k, rows in planted.items()
-            }
-
+        ]
         return {
             "copy_drill": drill,
-            "recall_memory": mean("bits_memory"),
-            "recall_window": mean("bits_window"),
-            "planted_memory": planted_mean(0),
-            "planted_window": planted_mean(1),
+            "recall_memory": _per_distance((r.distance, r.bits_memory) for r in rows),
+            "recall_window": _per_distance((r.distance, r.bits_window) for r in rows),
+            "planted_memory": _per_distance((k, memory) for k, memory, _ in planted),
+            "planted_window": _per_distance((k, window) for k, _, window in planted),
         }
     finally:
         model.train(was_training)
