@@ -1,5 +1,7 @@
 """What "How far back can it recall?" costs: the probe of seven distances (32 .. 2,048) on
-the bundled model, computed two ways side by side, and through the app.
+the bundled model, computed two ways side by side, and through the app. The name opens the
+text (nothing before the speaker: the probe docs/performance.md measures); text before it
+adds its own segments, once, to the shared read.
 
     python benchmarks/bench_recall.py                  # 5 repeats, one torch thread
     python benchmarks/bench_recall.py --repeats 9 --threads 2 --app
@@ -74,7 +76,9 @@ def through_app(repeats: int) -> list[tuple[float, float]]:
     try:
         for _ in range(repeats):
             t0 = time.perf_counter()
-            job = client.submit(NAME, RECALL_FILLER, 128, api_name="/recall")
+            job = client.submit(
+                name=NAME, filler=RECALL_FILLER, before="", mem_len=128, api_name="/recall"
+            )
             first = None
             for _ in job:  # each streamed row
                 first = first or time.perf_counter() - t0

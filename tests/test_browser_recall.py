@@ -9,7 +9,7 @@ import pytest
 
 from tests.test_browser import OUT, app_url, browser_page, wait_painted  # noqa: F401
 from txl.recall import DISTANCES, probe_text
-from webapp.tabs.examples import RECALL_FILLER
+from webapp.tabs.examples import RECALL_BEFORE, RECALL_FILLER
 from webapp.tabs.recall import DEFAULT_NAME, DEFAULT_WATCH
 
 pytestmark = pytest.mark.browser
@@ -21,6 +21,7 @@ def test_probe_draws_the_chart_and_watch_it_steps_to_the_scored_letter(app_url, 
     page.goto(app_url, wait_until="load")
     page.get_by_role("tab", name="How far back can it recall?").click()
     assert page.input_value("#recall_name input") == DEFAULT_NAME  # the first click works
+    assert page.input_value("#recall_before textarea") == RECALL_BEFORE
     page.click("#recall_btn")
     page.wait_for_function(
         "document.querySelector('#recall_summary')?.innerText.includes('distances read in')"
@@ -39,7 +40,7 @@ def test_probe_draws_the_chart_and_watch_it_steps_to_the_scored_letter(app_url, 
     page.screenshot(path=str(OUT / "recall.png"), full_page=True)
 
     # Watch it (k = 128 chosen): the Watch tab, its prompt the probe up to the scored letter.
-    text, start = probe_text(DEFAULT_NAME, RECALL_FILLER, DEFAULT_WATCH)
+    text, start = probe_text(DEFAULT_NAME, RECALL_FILLER, DEFAULT_WATCH, before=RECALL_BEFORE)
     page.click("#recall_watch")
     page.wait_for_function(
         f"document.querySelector('#prompt textarea')?.value.length === {start}"

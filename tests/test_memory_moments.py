@@ -233,9 +233,18 @@ def test_choosing_an_example_puts_its_passage_in_the_prompt(server, client, repo
     assert raw_api.call(server[0], "watch_example", [None])[0]
 
     prompt, memory, _, guide = client.predict("recall", api_name="/watch_example")
-    text, start = probe_text(watch_examples.DEFAULT_NAME, watch_examples.RECALL_FILLER, 128)
+    text, start = probe_text(
+        watch_examples.DEFAULT_NAME,
+        watch_examples.RECALL_FILLER,
+        128,
+        before=watch_examples.RECALL_BEFORE,  # the Recall tab's defaults: a scene under way
+    )
     assert prompt == text[:start] and memory is True
     assert "How far back can it recall?" in guide
+    # How far back: from the name (after the text before it) to the first scored letter.
+    back = start - len(watch_examples.RECALL_BEFORE)
+    assert text[start - back :].startswith(f"{watch_examples.DEFAULT_NAME}:\n")
+    assert f"spoke {back} characters back" in guide
 
 
 def test_the_first_screen_opens_on_the_best_passage_with_the_bundled_model(report, tmp_path):

@@ -17,8 +17,10 @@ from txl.recall import (
     CUE,
     DISTANCES,
     MAX_NAME_CHARS,
+    SPEECH,
     RecallRow,
     check_recall,
+    name_back,
     planted_bits,
     probe_head,
     probe_text,
@@ -27,7 +29,7 @@ from txl.recall import (
     recall_row,
     recall_summary,
 )
-from txl.scoring import stream_nll
+from txl.scoring import memory_nll, sliding_nll, stream_nll
 from webapp.recall_viz import recall_figure, recall_markdown, recall_numbers
 
 VOCAB = sorted(set("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
@@ -37,6 +39,10 @@ FILLER = "Good morrow, cousin; the day is young.\nWhat news abroad?\n"  # 56 cha
 # boundaries inside and at the filler's end, the filler repeated (k > 56).
 SEG, MEM = 8, 12
 KS = (1, 4, 8, 13, 16, 37, 64, 100)
+# Text read before the speaker enters: 34 characters, so that the shared boundaries
+# (len(BEFORE) + head + k) // SEG * SEG fall elsewhere in the probe than without it.
+BEFORE = "ROMEO:\nI will go; and you, stay.\n\n"
+assert len(BEFORE) % SEG != 0
 LN2 = math.log(2)
 # The model runs in float64; the scoring code hands its losses back in float32
 # (stream_nll, sliding_nll), so the rows agree with the float64 forwards to ~1e-7 bits.
@@ -110,22 +116,37 @@ def test_probe_text_plants_the_name_k_characters_back(k):
     assert longer[: len(head) + k] == text[: len(head) + k]  # what the reads share
 
 
+@pytest.mark.parametrize("k", [1, 37, 130])
+def test_text_before_is_read_first_and_k_keeps_its_meaning(k):
+    body = (FILLER * 3)[:k]
+    old = f"{NAME}:\n{SPEECH}\n\n{body}\n\n{NAME}"  # the probe as it was before ``before``
+    assert probe_text(NAME, FILLER, k) == (old, len(old) - len(NAME) + CUE)
+    assert probe_text(NAME, FILLER, k, before="") == probe_text(NAME, FILLER, k)
+    text, start = probe_text(NAME, FILLER, k, before=BEFORE)
+    assert (text, start) == (BEFORE + old, len(BEFORE) + len(old) - len(NAME) + CUE)
+    assert text[start:] == NAME[CUE:]
+    # name_back: from the name's last letter to the first scored one, with or without.
+    last_letter = len(BEFORE) + len(NAME) - 1
+    assert name_back(k) == start - last_letter == probe_text(NAME, FILLER, k)[1] - len(NAME) + 1
+    shared = len(BEFORE) + len(probe_head(NAME)) + k  # what the reads share
+    assert probe_text(NAME, FILLER, k + 50, before=BEFORE)[0][:shared] == text[:shared]
+
+
 # ---- the three reads against direct computations -----------------------------------------
 
 
+@pytest.mark.parametrize("before", ["", BEFORE])
 @pytest.mark.parametrize("mem_len", [0, 5, MEM, 300])
-def test_every_row_equals_direct_forwards(model, mem_len):
-    rows = list(recall_probe(model, NAME, FILLER, KS, mem_len))
+def test_every_row_equals_direct_forwards(model, mem_len, before):
+    rows = list(recall_probe(model, NAME, FILLER, KS, mem_len, before=before))
     assert [r.distance for r in rows] == list(KS)
     for r in rows:
-        assert (r.text, r.start) == probe_text(NAME, FILLER, r.distance)
+        assert (r.text, r.start) == probe_text(NAME, FILLER, r.distance, before=before)
         ids = ids_of(model, r.text)
         assert r.bits_window == pytest.approx(
             bits(direct_window(model, ids, r.start, SEG)), abs=TOL
         )
-        assert r.bits_memory == pytest.approx(
-            bits(streamed(model, ids, mem_len, r.start)), abs=TOL
-        )
+        assert r.bits_memory == pytest.approx(bits(streamed(model, ids, mem_len, r.start)), abs=TOL)
         assert r.bits_segments == pytest.approx(bits(streamed(model, ids, 0, r.start)), abs=TOL)
         if mem_len == 0:  # no memory: the read with memory is the segments read alone
             assert r.bits_memory == r.bits_segments
@@ -150,14 +171,37 @@ def test_a_planted_probe_is_the_probe_read_after_the_text_before_it(model, k):
     assert planted_bits(model, "", NAME, FILLER, k, MEM) == pytest.approx(
         (row.bits_memory, row.bits_window), abs=TOL
     )
+    # The planted probe is recall_row's with ``before``: the same reads, bit for bit.
+    row = recall_row(model, NAME, FILLER, k, MEM, before=before)
+    assert (memory, window) == (row.bits_memory, row.bits_window)
+
+
+@pytest.mark.parametrize("mem_len", [0, MEM])
+def test_nothing_before_gives_the_rows_of_the_probe_that_opens_the_text(model, mem_len):
+    """before="" (the default): each row is the one read plainly off the probe as it was
+    written before ``before`` existed, bit for bit."""
+    for r in recall_probe(model, NAME, FILLER, KS, mem_len):
+        body = (FILLER * 2)[: r.distance]
+        text = f"{NAME}:\n{SPEECH}\n\n{body}\n\n{NAME}"
+        start = len(text) - len(NAME) + CUE
+        ids = ids_of(model, text)
+        assert r == RecallRow(
+            r.distance,
+            text,
+            start,
+            bits(memory_nll(model, ids, SEG, mem_len, start=start)),
+            bits(sliding_nll(model, ids, SEG, start=start)),
+            bits(memory_nll(model, ids, SEG, 0, start=start)),
+        )
 
 
 def test_shared_reads_equal_the_plain_reads_bit_for_bit():
     """recall_probe shares the longest probe's read; recall_row reads each probe whole."""
     model = tiny_model(seed=1, same_length=True)
-    for mem_len in (3, MEM):
-        for r in recall_probe(model, NAME, FILLER, KS, mem_len):
-            assert r == recall_row(model, NAME, FILLER, r.distance, mem_len)
+    for before in ("", BEFORE, BEFORE[:5]):  # 34 and 5 characters: no multiple of SEG
+        for mem_len in (3, MEM):
+            for r in recall_probe(model, NAME, FILLER, KS, mem_len, before=before):
+                assert r == recall_row(model, NAME, FILLER, r.distance, mem_len, before)
 
 
 def test_memory_reaches_back_where_segments_cannot(model):
@@ -176,7 +220,8 @@ def test_memory_reaches_back_where_segments_cannot(model):
     assert not torch.allclose(streamed(model, ids, 64, start), streamed(model, ids2, 64, start))
 
 
-def test_rows_come_one_by_one_shortest_first_and_pace_every_chunk(model):
+@pytest.mark.parametrize("text_before", ["", BEFORE])
+def test_rows_come_one_by_one_shortest_first_and_pace_every_chunk(model, text_before):
     chunks, before = [], model.training
     model.train()
 
@@ -187,13 +232,13 @@ def test_rows_come_one_by_one_shortest_first_and_pace_every_chunk(model):
         def __exit__(self, *exc):
             chunks.append("exit")
 
-    probe = recall_probe(model, NAME, FILLER, (64, 4, 16, 16), MEM, pace=Pace)
+    probe = recall_probe(model, NAME, FILLER, (64, 4, 16, 16), MEM, pace=Pace, before=text_before)
     first = next(probe)
     assert first.distance == 4 and chunks and chunks.count("enter") == chunks.count("exit")
     n = len(chunks)
     assert [r.distance for r in probe] == [16, 64]
     # The longest shared read goes one segment per chunk; three reads per row besides.
-    head = len(probe_head(NAME))
+    head = len(text_before) + len(probe_head(NAME))
     shared_segments = (head + 64) // SEG
     assert len(chunks) // 2 == shared_segments + 3 * 3
     assert n < len(chunks)  # the later rows paced too
@@ -240,6 +285,14 @@ def test_bad_probes_are_refused_with_a_message(model, name, filler, message):
         next(recall_probe(model, name, filler, KS, MEM))
 
 
+def test_text_before_with_unknown_characters_is_refused(model):
+    message = "does not know before the speaker enters: '\u00e9{}'"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        next(recall_probe(model, NAME, FILLER, KS, MEM, before=BEFORE + "caf\u00e9 {x}\n\n"))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        recall_row(model, NAME, FILLER, 8, MEM, before="caf\u00e9 {x}")
+
+
 @pytest.mark.parametrize(
     "distances, mem_len", [((), MEM), ((0, 8), MEM), ((2.5,), MEM), ((8,), -1), ((8,), 1.5)]
 )
@@ -280,6 +333,11 @@ def test_figure_numbers_and_words(model):
     lines = [s["x0"] for s in spec["layout"]["shapes"] if s.get("x0") == s.get("x1")]
     assert lines == [SEG, MEM]  # the window and mem_len
     assert [s["x0"] for s in recall_figure(rows, 0, SEG).to_dict()["layout"]["shapes"]][0] == SEG
+    # The hover: how far back the name's last letter lies, with text before the speaker too.
+    for before in ("", BEFORE):
+        planted = list(recall_probe(model, NAME, FILLER, DISTANCES[:3], MEM, before=before))
+        back = [f"{r.start - (len(before) + len(NAME) - 1):,}" for r in planted]
+        assert recall_figure(planted, MEM, SEG).to_dict()["data"][0]["customdata"] == back
     numbers = recall_numbers(rows, MEM, SEG, 1.25)
     assert numbers["rows"] == [r.to_dict() for r in rows]
     assert set(numbers["rows"][0]) == {
@@ -305,7 +363,7 @@ def test_the_cli_writes_the_mean_of_every_probe(model, tmp_path):
     ) * 4
     args = argparse.Namespace(
         recall="ZANTHOR,Quibley", filler_at="0,7", distances="16,40", mem_len=32,
-        json=tmp_path / "recall.json",
+        json=tmp_path / "recall.json", recall_before_at=None,
     )  # fmt: skip
     assert recall_main(model, text, args) == 0
     written = json.loads(args.json.read_text())
@@ -319,3 +377,28 @@ def test_the_cli_writes_the_mean_of_every_probe(model, tmp_path):
             mean = sum(getattr(p[i], field) for p in probes) / len(probes)
             assert row[field] == pytest.approx(mean, rel=1e-12)
         assert row["distance"] == [16, 40][i]
+
+
+def test_the_cli_plants_the_speakers_after_whole_speeches(model, tmp_path, capsys):
+    """--recall-before-at P: every probe written after progress_before(text, P)."""
+    import argparse
+    import json
+
+    from txl.evaluate import recall_main
+    from txl.recall import progress_before
+
+    text = "ROMEO:\nGood morrow, cousin.\n\nJULIET:\nIs the day so young?\n\n" * 10
+    args = argparse.Namespace(
+        recall="ZANTHOR", filler_at="5", distances="16,40", mem_len=32,
+        json=tmp_path / "recall.json", recall_before_at=100,
+    )  # fmt: skip
+    assert recall_main(model, text, args) == 0
+    before = progress_before(text, 100)
+    assert before.startswith("ROMEO:\n") and before.endswith("\n\n") and len(before) >= 150
+    assert f"after {len(before):,} characters" in capsys.readouterr().out
+    rows = recall_probe(model, "ZANTHOR", text[5:45], [16, 40], 32, before=before)
+    assert json.loads(args.json.read_text()) == [r.to_dict() for r in rows]
+    # A text with no whole speeches to plant after: a message, no table.
+    args.recall_before_at, args.json = 0, None
+    assert recall_main(model, "no speeches here " * 20, args) == 2
+    assert "no whole speeches" in capsys.readouterr().err

@@ -41,7 +41,7 @@ import torch
 
 from .data import load_text, train_val_split
 from .model import TransformerXL
-from .recall import DISTANCES, format_recall, recall_probe, recall_summary
+from .recall import DISTANCES, format_recall, progress_before, recall_probe, recall_summary
 from .scoring import memory_nll, sliding_nll, split_streams, stream_nll
 
 LN2 = math.log(2)
@@ -279,6 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="P[,P...]",
         help="validation positions where fillers start (one probe per name and filler)",
     )
+    recall.add_argument(
+        "--recall-before-at",
+        type=int,
+        default=None,
+        metavar="P",
+        help="plant each speaker after whole speeches of the validation text from about "
+        "position P (default: the name opens the text)",
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -314,15 +322,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def recall_main(model: TransformerXL, val_text: str, args) -> int:
-    """Print the recall table of each name and filler, then the mean of every probe."""
+    """Print the recall table of each name and filler, then the mean of every probe. With
+    ``--recall-before-at P`` each speaker enters after whole speeches of the validation
+    text from about P (txl.recall.progress_before), as inside a scene under way."""
     distances = [int(k) for k in args.distances.split(",")]
     mem_len = model.config.mem_len if args.mem_len is None else args.mem_len
     window = model.config.tgt_len
+    before = ""
+    if args.recall_before_at is not None:
+        before = progress_before(val_text, args.recall_before_at)
+        if not before:
+            print("--recall-before-at: no whole speeches in the validation text", file=sys.stderr)
+            return 2
+        print(f"each speaker enters after {len(before):,} characters of validation text:")
+        print(before)
     every = []
     for name in args.recall.split(","):
         for at in (int(x) for x in args.filler_at.split(",")):
             filler = val_text[at : at + max(distances)]
-            rows = list(recall_probe(model, name, filler, distances, mem_len))
+            rows = list(recall_probe(model, name, filler, distances, mem_len, before=before))
             print(f"{name}, filler from validation position {at}:")
             print(format_recall(rows, mem_len, window))
             every.append(rows)

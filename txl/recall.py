@@ -6,8 +6,13 @@ the speaker returns (a blank line and the first ``CUE`` letters of the name). Th
 the name can only be predicted by recalling it, so its cost in bits per character says
 whether the model reached back ``k`` characters:
 
-    text  = "NAME:\\n" + speech + "\\n\\n" + filler[:k] + "\\n\\n" + NAME
+    text  = before + "NAME:\\n" + speech + "\\n\\n" + filler[:k] + "\\n\\n" + NAME
     start = len(text) - (len(NAME) - CUE)          the scored characters are text[start:]
+
+``before`` (empty by default: the name opens the text) is text read before the speaker
+enters, as a new speaker enters a scene already under way. A name that opens the text is
+read from states computed with no context at all, a case of its own that a model trained
+on one long stream may recall far worse (docs/recall-training.md).
 
 Each probe is read three ways, as ``python -m txl.evaluate`` reads validation text:
 
@@ -19,7 +24,7 @@ Each probe is read three ways, as ``python -m txl.evaluate`` reads validation te
 Within the window all three can see the name; beyond it only memory can.
 
     python -m txl.evaluate --model weights/shakespeare-char --data tinyshakespeare.txt \\
-        --recall ZANTHOR
+        --recall ZANTHOR [--recall-before-at 20000]
 """
 
 from __future__ import annotations
@@ -63,12 +68,22 @@ def probe_head(name: str, speech: str = SPEECH) -> str:
     return f"{name}:\n{speech}\n\n"
 
 
-def probe_text(name: str, filler: str, distance: int, speech: str = SPEECH) -> tuple[str, int]:
-    """The probe for one distance: (text, start). The filler is repeated when it is shorter
-    than ``distance`` and cut at ``distance`` characters."""
+def name_back(distance: int, speech: str = SPEECH) -> int:
+    """How far back the planted name's last letter lies from the first scored character of
+    the probe of ``distance``: past the speech, the filler, the blank line and the cue,
+    wherever the speaker enters. The window reaches the name when this is at most tgt_len."""
+    return len(probe_head("", speech)) + distance + len("\n\n") + CUE + 1
+
+
+def probe_text(
+    name: str, filler: str, distance: int, speech: str = SPEECH, before: str = ""
+) -> tuple[str, int]:
+    """The probe for one distance: (text, start), the speaker entering after ``before``
+    (empty: the name opens the text). The filler is repeated when it is shorter than
+    ``distance`` and cut at ``distance`` characters."""
     check_probe(name, filler)
     body = (filler * (distance // len(filler) + 1))[:distance]
-    text = f"{probe_head(name, speech)}{body}\n\n{name}"
+    text = f"{before}{probe_head(name, speech)}{body}\n\n{name}"
     return text, len(text) - (len(name) - CUE)
 
 
@@ -86,7 +101,9 @@ def check_probe(name: str, filler: str) -> None:
         raise ValueError("the filler is empty")
 
 
-def check_recall(model: TransformerXL, name: str, filler: str, distances, mem_len: int) -> None:
+def check_recall(
+    model: TransformerXL, name: str, filler: str, distances, mem_len: int, before: str = ""
+) -> None:
     """Everything ``recall_probe`` refuses, checked before any work: a clear message."""
     check_probe(name, filler)
     if model.tokenizer is None or model.tokenizer.unit != "character":
@@ -94,6 +111,11 @@ def check_recall(model: TransformerXL, name: str, filler: str, distances, mem_le
     unknown = model.tokenizer.unknown_symbols(name + filler)
     if unknown:
         raise ValueError(f"characters the model does not know: {''.join(unknown)!r}")
+    unknown = model.tokenizer.unknown_symbols(before)
+    if unknown:
+        raise ValueError(
+            f"characters the model does not know before the speaker enters: {''.join(unknown)!r}"
+        )
     if not distances or any(isinstance(k, bool) or int(k) != k or k < 1 for k in distances):
         raise ValueError(f"distances must be whole numbers >= 1, got {list(distances)!r}")
     if isinstance(mem_len, bool) or int(mem_len) != mem_len or mem_len < 0:
@@ -107,12 +129,13 @@ def _bits(nll: Tensor) -> float:
 
 class _SharedRead:
     """The longest probe read once with memory, segment by segment. Every probe is the
-    same text up to the end of its filler (``probe_head + filler[:k]``: the filler is cut,
-    never rearranged), so the memory at a segment boundary b <= len(head) + k is the
-    memory a read of probe k from its start has at b, and probe k's read with memory
-    continues from a copy of it, with the very arithmetic of ``memory_nll`` on probe k
-    alone (the same numbers, bit for bit). The seven probes of ZANTHOR (2,048 the
-    longest, segments of 64) then read 32 + 13 segments with memory instead of 77."""
+    same text up to the end of its filler (``before + probe_head + filler[:k]``: the
+    filler is cut, never rearranged), so the memory at a segment boundary
+    b <= len(before) + len(head) + k is the memory a read of probe k from its start has
+    at b, and probe k's read with memory continues from a copy of it, with the very
+    arithmetic of ``memory_nll`` on probe k alone (the same numbers, bit for bit). The
+    seven probes of ZANTHOR (2,048 the longest, segments of 64, nothing before) then read
+    32 + 13 segments with memory instead of 77."""
 
     def __init__(self, model: TransformerXL, ids: Tensor, seg_len: int, mem_len: int):
         self.model, self.ids, self.seg_len, self.mem_len = model, ids, seg_len, mem_len
@@ -174,9 +197,11 @@ def recall_probe(
     distances=DISTANCES,
     mem_len: int | None = None,
     pace=None,
+    before: str = "",
 ):
     """Yield a RecallRow per distance, shortest first (memory ``mem_len``; default the
-    config's). A generator, so that a caller can show each row as soon as it is read.
+    config's), the speaker entering after ``before`` (empty: the name opens the text). A
+    generator, so that a caller can show each row as soon as it is read.
 
     ``pace``: a context-manager factory around each chunk of work, a segment or one read
     of a probe's end (webapp.longwork's ``job.turn``: a server runs the probe beside other
@@ -188,19 +213,19 @@ def recall_probe(
     hold the scored characters; the window, only their windows.
     """
     mem_len = model.config.mem_len if mem_len is None else mem_len
-    check_recall(model, name, filler, distances, mem_len)
+    check_recall(model, name, filler, distances, mem_len, before)
     pace = pace or nullcontext
     distances = sorted({int(k) for k in distances})
     seg = model.config.tgt_len
     was_training = model.training
     model.eval()
     try:
-        longest, _ = probe_text(name, filler, distances[-1])
+        longest, _ = probe_text(name, filler, distances[-1], before=before)
         encode = model.tokenizer.encode
         shared = _SharedRead(model, torch.tensor(encode(longest), dtype=torch.long), seg, mem_len)
-        head = len(probe_head(name))
+        head = len(before) + len(probe_head(name))
         for k in distances:
-            text, start = probe_text(name, filler, k)
+            text, start = probe_text(name, filler, k, before=before)
             ids = torch.tensor(encode(text), dtype=torch.long)  # [L]
             # The memory at the last segment boundary within the text all probes share.
             b = (head + k) // seg * seg
@@ -219,12 +244,12 @@ def recall_probe(
 
 
 def recall_row(
-    model: TransformerXL, name: str, filler: str, distance: int, mem_len: int
+    model: TransformerXL, name: str, filler: str, distance: int, mem_len: int, before: str = ""
 ) -> RecallRow:
     """One distance, each way read plainly on the whole probe (``memory_nll`` from its
     start; ``sliding_nll``): what ``recall_probe``'s rows equal, with more work."""
-    check_recall(model, name, filler, [distance], mem_len)
-    text, start = probe_text(name, filler, distance)
+    check_recall(model, name, filler, [distance], mem_len, before)
+    text, start = probe_text(name, filler, distance, before=before)
     ids = torch.tensor(model.tokenizer.encode(text), dtype=torch.long)
     seg = model.config.tgt_len
     return RecallRow(
@@ -347,10 +372,10 @@ def progress_filler(val_text: str, at: int) -> str:
     return val_text[at : at + n]
 
 
-def progress_before(val_text: str) -> str:
-    """Whole speeches of the validation text, 150 characters or more, from about
-    ``PROGRESS_PLANTED_AT``: what a planted probe is written after."""
-    at = min(PROGRESS_PLANTED_AT, len(val_text) // 2)
+def progress_before(val_text: str, at: int = PROGRESS_PLANTED_AT) -> str:
+    """Whole speeches of the validation text, 150 characters or more, from about ``at``
+    (half the text when it is shorter): what a planted probe is written after."""
+    at = min(at, len(val_text) // 2)
     start = val_text.find("\n\n", at) + 2
     end = val_text.find("\n\n", start + 150) + 2
     return val_text[start:end] if start >= 2 and end > start else ""
@@ -364,9 +389,8 @@ def planted_bits(
     window). A name that opens the text is read from states computed without any context,
     which a model trained on one long stream may never have seen (docs/recall-training.md,
     r1's phase 2c); this reads the other case."""
-    text, start = probe_text(name, filler, distance)
-    ids = torch.tensor(model.tokenizer.encode(before + text), dtype=torch.long)
-    start += len(before)
+    text, start = probe_text(name, filler, distance, before=before)
+    ids = torch.tensor(model.tokenizer.encode(text), dtype=torch.long)
     seg = model.config.tgt_len
     memory = _bits(memory_nll(model, ids, seg, mem_len, start=start))
     return memory, _bits(sliding_nll(model, ids, seg, start=start))

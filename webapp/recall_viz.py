@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from txl.recall import CUE, DISTANCES, RECALLED_BITS, RecallRow, recall_summary
+from txl.recall import CUE, DISTANCES, RECALLED_BITS, RecallRow, name_back, recall_summary
 
 from .figures import MEMORY_COLOR, SEGMENTS_COLOR, SLIDING_COLOR, chart
 
@@ -60,9 +60,9 @@ def recall_figure(rows: list[RecallRow], mem_len: int, window: int, distances=DI
         "bits_window": (f"through the window ({window})", SLIDING_COLOR, "solid"),
         "bits_segments": (f"segments of {window} alone", SEGMENTS_COLOR, "dot"),
     }
-    # How far back the planted name's last letter lies from the first scored character:
-    # the window reaches it when this is at most tgt_len.
-    back = [f"{r.start - r.text.index(':') + 1:,}" for r in rows]
+    # How far back the planted name's last letter lies (with text before the speaker or
+    # without): the window reaches it when this is at most tgt_len.
+    back = [f"{name_back(r.distance):,}" for r in rows]
     data = [
         {
             "type": "scatter",

@@ -101,6 +101,37 @@ Had I it written, I would tear the word.
 """
 )
 
+# Public domain: Shakespeare, Hamlet, act 1 scene 1, its opening (not in Tiny Shakespeare).
+# The recall probe's default text before its speaker enters: a scene already under way, as a
+# model trained on one long stream reads a name best (txl/recall.py).
+RECALL_BEFORE = """\
+BERNARDO:
+Who's there?
+
+FRANCISCO:
+Nay, answer me: stand, and unfold yourself.
+
+BERNARDO:
+Long live the king!
+
+FRANCISCO:
+Bernardo?
+
+BERNARDO:
+He.
+
+FRANCISCO:
+You come most carefully upon your hour.
+
+BERNARDO:
+'Tis now struck twelve; get thee to bed, Francisco.
+
+FRANCISCO:
+For this relief much thanks: 'tis bitter cold,
+And I am sick at heart.
+
+"""
+
 # The recall probe's speaker (the Recall tab's default, and the Watch tab's example of it).
 DEFAULT_NAME = "ZANTHOR"  # no play has him: only a recall can finish the name
 # Watch it opens on 128: the name then lies beyond the window (64) but inside the memory

@@ -16,7 +16,7 @@ import gradio as gr
 from txl.recall import probe_text
 from webapp.serve import ROOT, resolve_source
 
-from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_FILLER
+from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_BEFORE, RECALL_FILLER
 
 MOMENTS_FILE = Path(__file__).with_name("memory_moments.json")
 RECALL_CHOICE = "recall"  # the dropdown's value for the recall probe; the passages: 0, 1, ...
@@ -53,10 +53,11 @@ def label(moment: dict) -> str:
 
 
 def recall_prompt() -> tuple[str, int]:
-    """The recall probe's prompt (the default name and filler, k = DEFAULT_WATCH, up to the
-    first letter it scores) and how far back the name lies from that letter."""
-    text, start = probe_text(DEFAULT_NAME, RECALL_FILLER, DEFAULT_WATCH)
-    return text[:start], start - text.index(f"{DEFAULT_NAME}:")
+    """The recall probe's prompt (the Recall tab's defaults: the name entering after
+    RECALL_BEFORE, the filler, k = DEFAULT_WATCH; up to the first letter it scores) and how
+    far back the name lies from that letter."""
+    text, start = probe_text(DEFAULT_NAME, RECALL_FILLER, DEFAULT_WATCH, before=RECALL_BEFORE)
+    return text[:start], start - len(RECALL_BEFORE)
 
 
 def choices(report: dict | None) -> list[tuple[str, str]]:
