@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from copy_drill import load  # noqa: E402  (scripts/, beside this file)
 
 from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
+from txl.recall import CUE, probe_text  # noqa: E402
 from txl.scoring import memory_nll, sliding_nll  # noqa: E402
 
 LN2 = 0.6931471805599453
@@ -76,8 +77,9 @@ def planted(val: str, starts: list[int], rng: random.Random, name: str, k: int) 
     if b is None:
         raise ValueError("the validation text is too short")
     line = rng.choice([ln for ln in val[b : b + 2000].splitlines()[1:] if len(ln) > 20][:20])
-    text = f"{val[a:b]}{name}:\n{line}\n\n{val[b : b + k]}\n\n"
-    return text + name, len(text)
+    # the recall probe's text (txl.recall.probe_text), its speech and filler the play's own
+    text, start = probe_text(name, val[b : b + k], k, speech=line, before=val[a:b])
+    return text, start - CUE
 
 
 @torch.no_grad()
