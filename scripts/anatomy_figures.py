@@ -20,8 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from txl import TransformerXL, anatomy, anatomy_viz  # noqa: E402  (after the path set-up)
+from txl import TransformerXL, anatomy  # noqa: E402  (after the path set-up)
 from txl.data import load_text, train_val_split  # noqa: E402
+from webapp import anatomy_viz  # noqa: E402
 
 
 def main(argv=None) -> None:

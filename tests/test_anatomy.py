@@ -39,37 +39,95 @@ from webapp.offload import reload, unload
 ROOT = Path(__file__).resolve().parents[1]
 TOL64 = 1e-10
 
-BASE = dict(vocab_size=65, cutoffs=[], div_val=1, d_inner=64, attn_type=0, dropout=0.0,
-            dropatt=0.0)
+BASE = dict(vocab_size=65, cutoffs=[], div_val=1, d_inner=64, attn_type=0, dropout=0.0, dropatt=0.0)
 # mem_len 10; segments: empty memory, part full, overflowing, then one token (the step path)
 CASES = {
-    "post_ln_untied": (dict(d_model=32, d_embed=32, n_head=4, d_head=8, n_layer=2,
-                            pre_lnorm=False, same_length=False, clamp_len=-1, untie_r=True,
-                            mem_len=10), [6, 7, 12, 1]),
-    "pre_ln_same_length_clamp_shared": (dict(d_model=32, d_embed=32, n_head=2, d_head=8,
-                                             n_layer=3, pre_lnorm=True, same_length=True,
-                                             clamp_len=4, untie_r=False, mem_len=10),
-                                        [1, 8, 12, 1]),
-    "post_ln_same_length_clamp": (dict(d_model=48, d_embed=48, n_head=3, d_head=12, n_layer=2,
-                                       pre_lnorm=False, same_length=True, clamp_len=6,
-                                       untie_r=True, mem_len=10), [9, 9, 9, 1]),
+    "post_ln_untied": (
+        dict(
+            d_model=32,
+            d_embed=32,
+            n_head=4,
+            d_head=8,
+            n_layer=2,
+            pre_lnorm=False,
+            same_length=False,
+            clamp_len=-1,
+            untie_r=True,
+            mem_len=10,
+        ),
+        [6, 7, 12, 1],
+    ),
+    "pre_ln_same_length_clamp_shared": (
+        dict(
+            d_model=32,
+            d_embed=32,
+            n_head=2,
+            d_head=8,
+            n_layer=3,
+            pre_lnorm=True,
+            same_length=True,
+            clamp_len=4,
+            untie_r=False,
+            mem_len=10,
+        ),
+        [1, 8, 12, 1],
+    ),
+    "post_ln_same_length_clamp": (
+        dict(
+            d_model=48,
+            d_embed=48,
+            n_head=3,
+            d_head=12,
+            n_layer=2,
+            pre_lnorm=False,
+            same_length=True,
+            clamp_len=6,
+            untie_r=True,
+            mem_len=10,
+        ),
+        [9, 9, 9, 1],
+    ),
     # the WikiText-103 model's shape in miniature: adaptive input and softmax over words
-    "wt103_shaped": (dict(d_model=64, d_embed=64, n_head=4, d_head=16, n_layer=2,
-                          pre_lnorm=False, same_length=True, clamp_len=10, untie_r=True,
-                          mem_len=12, cutoffs=[20, 40, 55], div_val=4), [7, 12, 5, 1]),
+    "wt103_shaped": (
+        dict(
+            d_model=64,
+            d_embed=64,
+            n_head=4,
+            d_head=16,
+            n_layer=2,
+            pre_lnorm=False,
+            same_length=True,
+            clamp_len=10,
+            untie_r=True,
+            mem_len=12,
+            cutoffs=[20, 40, 55],
+            div_val=4,
+        ),
+        [7, 12, 5, 1],
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def reference(peer_python, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("terms")
-    cases = [dict(out=str(out / name), config={**BASE, **cfg}, seed=seed, init_std=0.3,
-                  segments=segments, batch=2)
-             for seed, (name, (cfg, segments)) in enumerate(CASES.items())]
+    cases = [
+        dict(
+            out=str(out / name),
+            config={**BASE, **cfg},
+            seed=seed,
+            init_std=0.3,
+            segments=segments,
+            batch=2,
+        )
+        for seed, (name, (cfg, segments)) in enumerate(CASES.items())
+    ]
     (out / "spec.json").write_text(json.dumps({"cases": cases}))
     result = subprocess.run(
         [peer_python, str(ROOT / "tests" / "peer_terms.py"), str(out / "spec.json")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, f"reference run failed:\n{result.stderr[-4000:]}"
     return out
@@ -83,8 +141,9 @@ def _segments_forward(model, ids, segments):
     """(M, out) per segment through model.forward, the memory as hidden states."""
     mems, start = None, 0
     for length in segments:
-        out = model(ids[:, start : start + length], mems=mems, output_attentions=True,
-                    output_terms=True)
+        out = model(
+            ids[:, start : start + length], mems=mems, output_attentions=True, output_terms=True
+        )
         M = 0 if mems is None else mems[0].size(1)
         yield M, out
         mems, start = out.mems, start + length
@@ -95,8 +154,9 @@ def _segments_cached(model, ids, segments):
     memory, start = KVMemory(), 0
     for length in segments:
         M = len(memory)
-        out = cached_forward(model, ids[:, start : start + length], memory,
-                             output_attentions=True, output_terms=True)
+        out = cached_forward(
+            model, ids[:, start : start + length], memory, output_attentions=True, output_terms=True
+        )
         yield M, out
         start += length
 
@@ -155,8 +215,17 @@ def test_terms_are_sensitive_to_the_shift(reference, tmp_path):
 
 def _model(seed=0, **overrides) -> TransformerXL:
     torch.manual_seed(seed)
-    config = dict(vocab_size=40, d_model=32, n_layer=2, n_head=4, d_head=8, d_inner=64,
-                  tgt_len=8, mem_len=12, dropout=0.0)
+    config = dict(
+        vocab_size=40,
+        d_model=32,
+        n_layer=2,
+        n_head=4,
+        d_head=8,
+        d_inner=64,
+        tgt_len=8,
+        mem_len=12,
+        dropout=0.0,
+    )
     config.update(overrides)
     model = TransformerXL(TXLConfig(**config)).eval()
     model.reset_parameters(0.3)  # peaky: the heads differ
@@ -180,8 +249,10 @@ def _direct(model, ids, mem_len, what="attention"):
                 if what == "attention":
                     rows = [out.attentions[layer][0].double().numpy()]  # [H, t, K]
                 else:  # (a), (b), (d) each softmaxed alone
-                    rows = [(scale * out.terms[layer][t, 0]).softmax(-1).double().numpy()
-                            for t in (0, 1, 3)]
+                    rows = [
+                        (scale * out.terms[layer][t, 0]).softmax(-1).double().numpy()
+                        for t in (0, 1, 3)
+                    ]
                 for r, p in enumerate(rows):
                     for i in range(x.size(1)):
                         for j in range(M + i + 1):
@@ -248,8 +319,9 @@ def test_profiles_refuse_bad_ids(bad):
 @pytest.mark.parametrize("memory", [True, False])
 @pytest.mark.parametrize("overrides", [{}, {"same_length": True, "clamp_len": 5}])
 def test_step_trace_terms_give_its_attention(memory, overrides):
-    model = _model(vocab=[chr(c) for c in range(97, 123)] + list(" .,\n"), vocab_size=30,
-                   **overrides)
+    model = _model(
+        vocab=[chr(c) for c in range(97, 123)] + list(" .,\n"), vocab_size=30, **overrides
+    )
     s = Session(model, memory=memory, mem_len=6, temperature=1.0)
     s.start("hello world.\n")
     scale = 1.0 / math.sqrt(model.config.d_head)
@@ -333,3 +405,40 @@ def test_an_unloaded_session_hands_over_the_last_steps_terms():
     assert s.last_trace.terms is None and "last_trace.terms" in tensors
     reload(s, tensors)
     np.testing.assert_array_equal(s.last_trace.terms, terms)
+
+
+def test_the_docs_figures_script_writes_both_figures_per_memory_length(
+    tmp_path, capsys, monkeypatch
+):
+    """scripts/anatomy_figures.py, which draws docs/figures.md's pictures: one Figure 5
+    and one Figure 7 per memory length, and its words, on any model and text."""
+    from tests.test_app import tiny_model
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import anatomy_figures
+
+    data = tmp_path / "plays.txt"
+    data.write_text("ROMEO:\nIt is the east, and Juliet is the sun.\n\n" * 100)
+    out = tmp_path / "images"
+    model = tiny_model(tmp_path / "model")
+    anatomy_figures.main(
+        [
+            "--data",
+            str(data),
+            "--model",
+            model,
+            "--mem-lens",
+            "16,32",
+            "--chars",
+            "300",
+            "--out",
+            str(out),
+        ]  # fmt: skip
+    )
+    for mem_len in (16, 32):
+        for fig in ("fig5", "fig7"):
+            png = (out / f"anatomy-{fig}-mem{mem_len}.png").read_bytes()
+            assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "## mem_len 16" in printed and "## mem_len 32" in printed
+    assert "Read **300 characters**" in printed

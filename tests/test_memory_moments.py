@@ -236,7 +236,7 @@ def test_choosing_an_example_puts_its_passage_in_the_prompt(server, client, repo
     text, start = probe_text(
         watch_examples.DEFAULT_NAME,
         watch_examples.RECALL_FILLER,
-        128,
+        watch_examples.DEFAULT_WATCH,
         before=watch_examples.RECALL_BEFORE,  # the Recall tab's defaults: a scene under way
     )
     assert prompt == text[:start] and memory is True

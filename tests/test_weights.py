@@ -73,9 +73,23 @@ def test_the_recorded_readings_meet_the_floors(card_eval):
     without = card_eval["without_memory"]["loss"]
     by_len = {r["mem_len"]: r["loss"] for r in card_eval["sweep"]}
     train_mem = card_eval["train_mem_len"]
-    assert with_memory <= 1.50
-    assert with_memory <= without - 0.10  # memory helps at the shipped segment length
+    assert with_memory <= 1.4609  # no worse than the model these weights replaced
+    # Memory helps at the shipped segment length. Against segments read alone it saves
+    # 0.08 nats here: training with fresh starts (--mem-reset) made the model read a
+    # segment with nothing before it well (the model before saved 0.20, reading alone at
+    # 1.66). What memory adds over the fair baseline, the sliding window, is asserted below.
+    assert with_memory <= without - 0.05
     assert by_len[4 * train_mem] <= by_len[train_mem]  # longer memory than trained: no worse
+
+
+def test_memory_reads_as_well_as_the_window_it_replaces():
+    """eval_three_ways.json (the card's table): memory 128 beats the sliding window of the
+    segment's length (64) and matches the window of its own attention length (192)."""
+    three = json.loads((WEIGHTS / "eval_three_ways.json").read_text())
+    memory = {r["mem_len"]: r["loss"] for r in three["sweep"]}[three["train_mem_len"]]
+    window = {int(w): r["loss"] for w, r in three["sliding"].items()}
+    assert memory < window[64]
+    assert memory <= window[192] + 0.002
 
 
 def test_the_weights_reproduce_the_recorded_slice(model, card_eval, val_ids):

@@ -134,6 +134,7 @@ And I am sick at heart.
 
 # The recall probe's speaker (the Recall tab's default, and the Watch tab's example of it).
 DEFAULT_NAME = "ZANTHOR"  # no play has him: only a recall can finish the name
-# Watch it opens on 128: the name then lies beyond the window (64) but inside the memory
-# (128) of the bundled model, where only memory can see it.
-DEFAULT_WATCH = 128
+# Watch it opens on k = 64: the name's letters then lie 122-128 characters before the first
+# scored one, beyond the window (64) but inside the bundled model's memory (128), where only
+# memory can see them (at k = 128 they lie past a memory of 128 too: recalled with 512 only).
+DEFAULT_WATCH = 64
