@@ -39,6 +39,27 @@ def made_up_name(rng: random.Random) -> str:
     return word
 
 
+SYLLABLE_ONSETS = ("B", "D", "G", "H", "K", "L", "M", "N", "P", "R", "S", "T", "V", "W", "Z",
+                   "BR", "TR", "GL", "SH", "KR", "FL", "SK")  # fmt: skip
+SYLLABLE_VOWELS = ("A", "E", "I", "O", "U", "OU", "EA", "AI")
+SYLLABLE_CODAS = ("", "", "", "N", "R", "L", "S", "ND", "ST", "TH", "RN")
+
+
+def spoken_name(rng: random.Random) -> str:
+    """A made-up name one can say (ZANTHOR, MORVATH), 4-10 letters of 2-3 syllables: its
+    letters and letter pairs repeat as real names' do (THANETH, LOULAN), where random
+    capitals rarely repeat. A copy that finds its place by one previous letter breaks on
+    such repeats (docs/recall-training.md, r1's phase 4)."""
+    while True:
+        syllables = rng.randint(2, 3)
+        name = "".join(
+            rng.choice(SYLLABLE_ONSETS) + rng.choice(SYLLABLE_VOWELS) + rng.choice(SYLLABLE_CODAS)
+            for _ in range(syllables)
+        )
+        if 4 <= len(name) <= 10:
+            return name
+
+
 def recall_text(
     text: str,
     chunk: int,
@@ -50,6 +71,8 @@ def recall_text(
     near_share: float = 0.0,
     inline_gap: bool = False,
     name_share: float = 0.0,
+    title_share: float = 0.25,
+    spoken_names: float = 0.0,
 ) -> str:
     """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
     after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
@@ -68,7 +91,10 @@ def recall_text(
     ``name_share`` of those inline drills are a made-up speaker instead, who speaks a line
     of the text and speaks again after the slice: "NAME:\\n<line>\\n\\n<slice>\\n\\nNAME:\\n
     <line>". A copy learned on drill lines alone did not carry over to speakers' names,
-    which is what the recall probe asks (r1's phase 2b)."""
+    which is what the recall probe asks (r1's phase 2b). ``spoken_names`` of those names
+    are ``spoken_name``'s, the rest random capitals; ``title_share`` of them are written in
+    title case ("Belisande"). The defaults draw the same random numbers as before either
+    option existed, so earlier phases' texts regenerate byte for byte."""
     rng = random.Random(seed)
     speeches = [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
     out, names = [], {}
@@ -95,8 +121,9 @@ def recall_text(
                     at = rng.randrange(len(text) - gap)
                     between = text[at : at + gap]
                     if rng.random() < name_share:  # a made-up speaker returns
-                        name = made_up_name(rng)
-                        name = name.title() if rng.random() < 0.25 else name
+                        spoken = spoken_names > 0 and rng.random() < spoken_names
+                        name = spoken_name(rng) if spoken else made_up_name(rng)
+                        name = name.title() if rng.random() < title_share else name
                         said = [rng.choice(rng.choice(speeches)[1]) for _ in range(2)]
                         parts.append(f"{name}:\n{said[0]}\n\n{between}\n\n{name}:\n{said[1]}\n\n")
                     else:
@@ -125,12 +152,21 @@ def recall_passes(
     repeat: int = 1,
     inline_gap: bool = False,
     name_share: float = 0.0,
+    title_share: float = 0.25,
+    spoken_names: float = 0.0,
 ) -> str:
     """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
     (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
     keywords are a recipe's: scripts/train_recall.py passes a phase's ``data`` as they are."""
     gap = tuple(int(x) for x in copy_gap.split(","))
-    drills = dict(copy_gap=gap, near_share=near_share, inline_gap=inline_gap, name_share=name_share)
+    drills = dict(
+        copy_gap=gap,
+        near_share=near_share,
+        inline_gap=inline_gap,
+        name_share=name_share,
+        title_share=title_share,
+        spoken_names=spoken_names,
+    )
     return "".join(
         recall_text(train, chunk, rename, max_lines, copy_every, seed + r, **drills)
         for r in range(repeat)
@@ -165,6 +201,15 @@ def main(argv=None) -> int:
         default=0.0,
         help="with --inline-gap: drills that are a made-up speaker who speaks again",
     )
+    p.add_argument(
+        "--title-share", type=float, default=0.25, help="name drills' names in title case"
+    )
+    p.add_argument(
+        "--spoken-names",
+        type=float,
+        default=0.0,
+        help="name drills' names one can say (spoken_name), not random capitals",
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
@@ -176,7 +221,7 @@ def main(argv=None) -> int:
     else:
         text = recall_passes(
             train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed, a.copy_gap,
-            a.near_share, a.repeat, a.inline_gap, a.name_share,
+            a.near_share, a.repeat, a.inline_gap, a.name_share, a.title_share, a.spoken_names,
         )  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

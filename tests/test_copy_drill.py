@@ -131,3 +131,37 @@ def test_name_drills_are_a_made_up_speaker_who_speaks_again(monkeypatch):
         assert f"\n{said}\n" in speeches  # a line of the text
         between = text[first.end() + len(said) + 2 : again.start() - 2]
         assert 8 <= len(between) <= 512 and between in speeches
+
+
+def test_spoken_names_repeat_letters_and_title_share_sets_the_case(monkeypatch):
+    """recall_text(spoken_names=1, title_share=1): every name drill's speaker is a
+    spoken_name (syllables of the inventory, 4-10 letters) in title case."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_data import (
+        SYLLABLE_CODAS,
+        SYLLABLE_ONSETS,
+        SYLLABLE_VOWELS,
+        recall_text,
+        spoken_name,
+    )
+
+    def alternatives(parts):
+        return "|".join(sorted((p for p in parts if p), key=len, reverse=True))
+
+    onset, vowel, coda = (
+        alternatives(p) for p in (SYLLABLE_ONSETS, SYLLABLE_VOWELS, SYLLABLE_CODAS)
+    )
+    syllables = re.compile(rf"(?:(?:{onset})(?:{vowel})(?:{coda})?){{2,3}}")
+    rng = random.Random(0)
+    names = [spoken_name(rng) for _ in range(2000)]
+    assert all(4 <= len(n) <= 10 and syllables.fullmatch(n) for n in names)
+    assert sum(len(set(n)) < len(n) for n in names) / len(names) > 0.3  # letters repeat
+
+    speeches = "".join(f"ROMEO:\n{i} {i + 1}.\n\nJULIET:\n{i * 7}, {i}!\n\n" for i in range(100))
+    drills = dict(copy_gap=(8, 512), inline_gap=True, name_share=1.0)
+    text = recall_text(speeches, 30, 0.0, 0, 1, 3, **drills, title_share=1.0, spoken_names=1.0)
+    made_up = [m[1] for m in re.finditer(r"(?m)^([A-Za-z ]+):\n", text)]
+    made_up = [n for n in made_up if n not in "ROMEO JULIET"]
+    assert len(made_up) == 400 and all(
+        n.istitle() and syllables.fullmatch(n.upper()) for n in made_up
+    )
