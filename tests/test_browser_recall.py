@@ -39,7 +39,7 @@ def test_probe_draws_the_chart_and_watch_it_steps_to_the_scored_letter(app_url, 
     assert "with memory" in summary and "through the window" in summary
     page.screenshot(path=str(OUT / "recall.png"), full_page=True)
 
-    # Watch it (k = DEFAULT_WATCH chosen): the Watch tab, its prompt the probe up to the scored letter.
+    # Watch it (k = DEFAULT_WATCH): the Watch tab, its prompt the probe up to the scored letter.
     text, start = probe_text(DEFAULT_NAME, RECALL_FILLER, DEFAULT_WATCH, before=RECALL_BEFORE)
     page.click("#recall_watch")
     page.wait_for_function(
