@@ -32,12 +32,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from copy_drill import load  # noqa: E402  (scripts/, beside this file)
+from recall_data import syllable_name  # noqa: E402
 
 from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
-from txl.recall import CUE, probe_text  # noqa: E402
+from txl.recall import CUE, LN2, probe_text  # noqa: E402
 from txl.scoring import memory_nll, sliding_nll  # noqa: E402
 
-LN2 = 0.6931471805599453
 ONSETS = ("B", "C", "D", "F", "G", "K", "L", "M", "N", "P", "QU", "R", "S", "T", "V", "Z",
           "TH", "DR", "GR", "BR", "ST", "CH", "X", "Y")  # fmt: skip
 VOWELS = ("A", "E", "I", "O", "U", "AE", "IO", "Y")
@@ -52,15 +52,10 @@ COLUMNS = {
 
 
 def made_up_name(rng: random.Random) -> str:
-    """Two or three syllables no play uses, 5-10 letters (as ZANTHOR, Belisande); a quarter
-    in title case."""
-    while True:
-        syllables = rng.randint(2, 3)
-        name = "".join(
-            rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(syllables)
-        )
-        if 5 <= len(name) <= 10:
-            return name.title() if rng.random() < 0.25 else name
+    """Two or three syllables no play uses, 5-10 letters (as ZANTHOR, Belisande), from an
+    inventory of its own (not training's ``spoken_name``'s); a quarter in title case."""
+    name = syllable_name(rng, ONSETS, VOWELS, CODAS, 5, 10)
+    return name.title() if rng.random() < 0.25 else name
 
 
 def speech_starts(val: str) -> list[int]:

@@ -45,19 +45,24 @@ SYLLABLE_VOWELS = ("A", "E", "I", "O", "U", "OU", "EA", "AI")
 SYLLABLE_CODAS = ("", "", "", "N", "R", "L", "S", "ND", "ST", "TH", "RN")
 
 
+def syllable_name(rng: random.Random, onsets, vowels, codas, shortest: int, longest: int) -> str:
+    """2-3 syllables (onset, vowel, coda: one of each list), drawn again until the name has
+    ``shortest``..``longest`` letters."""
+    while True:
+        syllables = rng.randint(2, 3)
+        name = "".join(
+            rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(syllables)
+        )
+        if shortest <= len(name) <= longest:
+            return name
+
+
 def spoken_name(rng: random.Random) -> str:
     """A made-up name one can say (ZANTHOR, MORVATH), 4-10 letters of 2-3 syllables: its
     letters and letter pairs repeat as real names' do (THANETH, LOULAN), where random
     capitals rarely repeat. A copy that finds its place by one previous letter breaks on
     such repeats (docs/recall-training.md, r1's phase 4)."""
-    while True:
-        syllables = rng.randint(2, 3)
-        name = "".join(
-            rng.choice(SYLLABLE_ONSETS) + rng.choice(SYLLABLE_VOWELS) + rng.choice(SYLLABLE_CODAS)
-            for _ in range(syllables)
-        )
-        if 4 <= len(name) <= 10:
-            return name
+    return syllable_name(rng, SYLLABLE_ONSETS, SYLLABLE_VOWELS, SYLLABLE_CODAS, 4, 10)
 
 
 def recall_text(
