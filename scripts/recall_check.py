@@ -15,7 +15,12 @@ the window (k > tgt_len) can only come back through memory.
 
 The names are pronounceable (``ZANTHOR``, ``Quibelline``), syllables drawn at random, in
 capitals or title case; training's made-up speakers are random capital letters
-(scripts/recall_data.py), so these test a copy of any name, not of one kind.
+(scripts/recall_data.py), so these test a copy of any name, not of one kind. Since r1's
+phase 5 also trained on syllable names (of another inventory), ``--names english`` draws
+a kind no training text used: words that sound like the play's own English (a chain of
+letter triples of the validation text's words) but are none of its words (``Dispeth``,
+``GRACIOUNT``), and ``--names compound`` two of its short words joined (``MOONHART``,
+``Goldfield``), a kind no phase trained on.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -32,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from copy_drill import load  # noqa: E402  (scripts/, beside this file)
-from recall_data import syllable_name  # noqa: E402
+from recall_data import syllable_name, word_namer  # noqa: E402
 
 from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
 from txl.recall import CUE, LN2, probe_text  # noqa: E402
@@ -58,6 +64,41 @@ def made_up_name(rng: random.Random) -> str:
     return name.title() if rng.random() < 0.25 else name
 
 
+def english_namer(val: str):
+    """Names that sound like the validation text's English but are none of its words, a
+    quarter in title case (as ``made_up_name``'s)."""
+    word_like = word_namer(val)
+
+    def name(rng: random.Random) -> str:
+        word = word_like(rng)
+        return word.title() if rng.random() < 0.25 else word
+
+    return name
+
+
+def compound_namer(val: str):
+    """Names made of two words of the validation text, 3-5 letters each, as place names
+    and surnames are (MOONHART, Goldfield): a kind no training text used. None is a word
+    of the text; a quarter in title case."""
+    words = {w.lower() for w in re.findall(r"[A-Za-z]+", val)}
+    parts = sorted(w for w in words if 3 <= len(w) <= 5)
+
+    def name(rng: random.Random) -> str:
+        while True:
+            word = rng.choice(parts) + rng.choice(parts)
+            if word not in words:
+                return word.title() if rng.random() < 0.25 else word.upper()
+
+    return name
+
+
+NAMERS = {
+    "syllables": lambda val: made_up_name,
+    "english": english_namer,
+    "compound": compound_namer,
+}
+
+
 def speech_starts(val: str) -> list[int]:
     """Where each speech of the text starts (after a blank line)."""
     return [i + 2 for i in range(len(val) - 2) if val[i : i + 2] == "\n\n"]
@@ -78,13 +119,17 @@ def planted(val: str, starts: list[int], rng: random.Random, name: str, k: int) 
 
 
 @torch.no_grad()
-def read_probes(model, val: str, probes: int, seed: int, mem_len: int) -> list[dict]:
-    """``probes`` planted speakers (names, places and k drawn from ``seed``), each name's
-    bits per character with memory ``mem_len`` and through the window of tgt_len."""
+def read_probes(
+    model, val: str, probes: int, seed: int, mem_len: int, names: str = "syllables"
+) -> list[dict]:
+    """``probes`` planted speakers (names of the kind ``names``, places and k drawn from
+    ``seed``), each name's bits per character with memory ``mem_len`` and through the window
+    of tgt_len."""
     starts, rng, seg = speech_starts(val), random.Random(seed), model.config.tgt_len
+    made_up = NAMERS[names](val)
     rows = []
     for _ in range(probes):
-        name, k = made_up_name(rng), rng.randint(50, 400)
+        name, k = made_up(rng), rng.randint(50, 400)
         text, at = planted(val, starts, rng, name, k)
         ids = torch.tensor(model.tokenizer.encode(text), dtype=torch.long)
         # bits of name[1:], [len(name) - 1]; name[3:] is what is left after the cue "ZAN"
@@ -105,15 +150,16 @@ def main(argv=None) -> int:
     p.add_argument("--probes", type=int, default=48)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mem-len", type=int, default=512)
+    p.add_argument("--names", choices=sorted(NAMERS), default="syllables", help="their kind")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, help="write the readings here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load(args.source).eval()
     _, val = train_val_split(load_text(args.data, download=True))
-    rows = read_probes(model, val, args.probes, args.seed, args.mem_len)
+    rows = read_probes(model, val, args.probes, args.seed, args.mem_len, args.names)
     seg = model.config.tgt_len
-    print(f"{args.source}: {len(rows)} made-up speakers planted in validation text, "
+    print(f"{args.source}: {len(rows)} made-up speakers ({args.names}) planted in validation text, "
           f"memory {args.mem_len}, window {seg} (bits per character of the name)")  # fmt: skip
     print("| k | probes | " + " | ".join(COLUMNS.values()) + " |")
     print("|---|---:|" + "---:|" * len(COLUMNS))

@@ -22,6 +22,7 @@ import random
 import re
 import string
 import sys
+from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -65,6 +66,32 @@ def spoken_name(rng: random.Random) -> str:
     return syllable_name(rng, SYLLABLE_ONSETS, SYLLABLE_VOWELS, SYLLABLE_CODAS, 4, 10)
 
 
+def word_namer(text: str):
+    """A maker of names that sound like ``text``'s English but are none of its words
+    (GRACIOUNT, DISPETH), in capitals: each letter drawn after the two before it as often as
+    in the words of 3+ letters of ``text``, 5-10 letters. Real names are made of a
+    language's letter habits, which neither random capitals nor syllables are."""
+    words = {w.lower() for w in re.findall(r"[A-Za-z]{3,}", text)}
+    follows: dict[str, Counter] = defaultdict(Counter)
+    for word in sorted(words):  # sorted: the same chain, so the same names, every run
+        padded = f"^^{word}$"
+        for i in range(2, len(padded)):
+            follows[padded[i - 2 : i]][padded[i]] += 1
+    chains = {pair: (list(c), list(c.values())) for pair, c in follows.items()}
+
+    def name(rng: random.Random) -> str:
+        while True:
+            word = "^^"
+            while word[-1] != "$" and len(word) < 14:
+                letters, weights = chains[word[-2:]]
+                word += rng.choices(letters, weights)[0]
+            ended, word = word[-1] == "$", word[2:-1]
+            if ended and 5 <= len(word) <= 10 and word not in words:
+                return word.upper()
+
+    return name
+
+
 def recall_text(
     text: str,
     chunk: int,
@@ -78,6 +105,7 @@ def recall_text(
     name_share: float = 0.0,
     title_share: float = 0.25,
     spoken_names: float = 0.0,
+    word_names: float = 0.0,
 ) -> str:
     """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
     after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
@@ -97,11 +125,13 @@ def recall_text(
     of the text and speaks again after the slice: "NAME:\\n<line>\\n\\n<slice>\\n\\nNAME:\\n
     <line>". A copy learned on drill lines alone did not carry over to speakers' names,
     which is what the recall probe asks (r1's phase 2b). ``spoken_names`` of those names
-    are ``spoken_name``'s, the rest random capitals; ``title_share`` of them are written in
-    title case ("Belisande"). The defaults draw the same random numbers as before either
-    option existed, so earlier phases' texts regenerate byte for byte."""
+    are ``spoken_name``'s, ``word_names`` of them ``word_namer(text)``'s, the rest random
+    capitals; ``title_share`` of them are written in title case ("Belisande"). The defaults
+    draw the same random numbers as before these options existed, so earlier phases' texts
+    regenerate byte for byte."""
     rng = random.Random(seed)
     speeches = [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
+    word_name = word_namer(text) if word_names else None
     out, names = [], {}
     written = 0  # characters so far
     pending: list[tuple[int, str]] = []  # (write after this many characters, the line again)
@@ -126,8 +156,13 @@ def recall_text(
                     at = rng.randrange(len(text) - gap)
                     between = text[at : at + gap]
                     if rng.random() < name_share:  # a made-up speaker returns
-                        spoken = spoken_names > 0 and rng.random() < spoken_names
-                        name = spoken_name(rng) if spoken else made_up_name(rng)
+                        kind = rng.random() if spoken_names or word_names else 1.0
+                        if kind < spoken_names:
+                            name = spoken_name(rng)
+                        elif kind < spoken_names + word_names:
+                            name = word_name(rng)
+                        else:
+                            name = made_up_name(rng)
                         name = name.title() if rng.random() < title_share else name
                         said = [rng.choice(rng.choice(speeches)[1]) for _ in range(2)]
                         parts.append(f"{name}:\n{said[0]}\n\n{between}\n\n{name}:\n{said[1]}\n\n")
@@ -159,6 +194,7 @@ def recall_passes(
     name_share: float = 0.0,
     title_share: float = 0.25,
     spoken_names: float = 0.0,
+    word_names: float = 0.0,
 ) -> str:
     """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
     (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
@@ -171,6 +207,7 @@ def recall_passes(
         name_share=name_share,
         title_share=title_share,
         spoken_names=spoken_names,
+        word_names=word_names,
     )
     return "".join(
         recall_text(train, chunk, rename, max_lines, copy_every, seed + r, **drills)
@@ -215,6 +252,12 @@ def main(argv=None) -> int:
         default=0.0,
         help="name drills' names one can say (spoken_name), not random capitals",
     )
+    p.add_argument(
+        "--word-names",
+        type=float,
+        default=0.0,
+        help="name drills' names that sound like the text's words (word_namer)",
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
@@ -227,6 +270,7 @@ def main(argv=None) -> int:
         text = recall_passes(
             train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed, a.copy_gap,
             a.near_share, a.repeat, a.inline_gap, a.name_share, a.title_share, a.spoken_names,
+            a.word_names,
         )  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

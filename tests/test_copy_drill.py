@@ -165,3 +165,39 @@ def test_spoken_names_repeat_letters_and_title_share_sets_the_case(monkeypatch):
     assert len(made_up) == 400 and all(
         n.istitle() and syllables.fullmatch(n.upper()) for n in made_up
     )
+
+
+def test_word_names_sound_like_the_text_and_are_none_of_its_words(monkeypatch):
+    """word_namer(text): 5-10 capitals, none a word of the text, every letter triple one of
+    its words has (the chain draws only what follows); recall_text(word_names=1) gives every
+    name drill such a name, the same from the same seed."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_data import recall_text, word_namer
+
+    words = "tempest thunder lightning gentle tender master mistress sister brother"
+    text = " ".join(f"{w} {w.title()}, {w}!" for w in words.split() * 3)
+    known = set(words.split())
+    triples = {f"^^{w}$"[i : i + 3] for w in known for i in range(len(w) + 1)}
+    name, rng = word_namer(text), random.Random(0)
+    names = [name(rng) for _ in range(300)]
+    assert all(5 <= len(n) <= 10 and n.isupper() and n.lower() not in known for n in names)
+    for n in names:
+        padded = f"^^{n.lower()}$"
+        assert all(padded[i : i + 3] in triples for i in range(len(padded) - 2)), n
+    assert len(set(names)) > 15  # drawn: as many as nine words allow (BROTHUNDER, MASTEMPEST)
+    again, rng = word_namer(text), random.Random(0)
+    assert names == [again(rng) for _ in range(300)]  # the same chain: the same names
+
+    speeches = "".join(f"ROMEO:\n{words} {i}.\n\nJULIET:\n{i * 7}, {i}!\n\n" for i in range(100))
+    drills = dict(copy_gap=(8, 512), inline_gap=True, name_share=1.0, title_share=0.0)
+    text = recall_text(speeches, 30, 0.0, 0, 1, 3, **drills, word_names=1.0)
+    assert text == recall_text(speeches, 30, 0.0, 0, 1, 3, **drills, word_names=1.0)
+    made_up = [m[1] for m in re.finditer(r"(?m)^([A-Za-z ]+):\n", text)]
+    made_up = [n for n in made_up if n not in "ROMEO JULIET"]
+    assert len(made_up) == 400
+    known |= {"romeo", "juliet"}  # words of this text too
+    triples |= {f"^^{w}$"[i : i + 3] for w in ("romeo", "juliet") for i in range(7)}
+    for n in made_up:
+        padded = f"^^{n.lower()}$"
+        assert n.isupper() and n.lower() not in known
+        assert all(padded[i : i + 3] in triples for i in range(len(padded) - 2)), n

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import string
 import subprocess
 import sys
@@ -78,3 +79,36 @@ def test_the_script_prints_the_direct_reads_of_the_name(tmp_path):
         window = sliding_nll(model, ids, 16, start=at + 1).double() / math.log(2)
         assert row["memory_after_1"] == memory.mean().item()
         assert row["window_after_3"] == window[2:].mean().item()
+
+
+def test_english_names_are_new_words_in_the_texts_letters():
+    """--names english: 5-10 letters, a quarter in title case, none a word of the text."""
+    namer, rng = recall_check.english_namer(SPEECHES), random.Random(0)
+    names = [namer(rng) for _ in range(400)]
+    words = {w.lower() for w in re.findall(r"[A-Za-z]+", SPEECHES)}
+    assert all(5 <= len(n) <= 10 and n.lower() not in words for n in names)
+    assert all(n.isupper() or n.istitle() for n in names)
+    assert 0.1 < sum(n.istitle() for n in names) / len(names) < 0.4
+    assert set("".join(names).lower()) <= set("".join(words))
+
+
+def test_the_kind_of_names_is_chosen_and_read_the_same_way(tmp_path):
+    model = TransformerXL.from_pretrained(tiny_model(tmp_path / "model", seed=4)).eval()
+    val = SPEECHES[int(0.9 * len(SPEECHES)) :]
+    rows = recall_check.read_probes(model, val, 2, seed=1, mem_len=64, names="english")
+    namer, rng = recall_check.english_namer(val), random.Random(1)
+    first = namer(rng)
+    assert rows[0]["name"] == first and first.lower() not in val.lower().split()
+    assert rows != recall_check.read_probes(model, val, 2, seed=1, mem_len=64)  # syllables
+
+
+def test_compound_names_join_two_short_words_of_the_text_into_a_new_one():
+    """--names compound: two words of 3-5 letters of the text, joined; not itself a word."""
+    namer, rng = recall_check.compound_namer(SPEECHES), random.Random(0)
+    words = {w.lower() for w in re.findall(r"[A-Za-z]+", SPEECHES)}
+    short = sorted(w for w in words if 3 <= len(w) <= 5)
+    names = [namer(rng) for _ in range(400)]
+    assert all(n.lower() not in words and (n.isupper() or n.istitle()) for n in names)
+    for n in names:
+        assert any(n.lower() == a + b for a in short for b in short if n.lower().startswith(a))
+    assert 0.1 < sum(n.istitle() for n in names) / len(names) < 0.4

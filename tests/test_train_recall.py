@@ -65,7 +65,7 @@ def losses(run: Path) -> dict[int, float]:
 def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert driver.law_tokens(8, 64, 5.7) == 11_340_573  # 10^5.7 * sqrt(512)
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    first, second, content, names, fresh, text, more_names, spoken = plan.phases
+    first, second, content, names, fresh, text, more_names, spoken, words = plan.phases
     assert plan.tokens(first) == driver.law_tokens(8, 64, 5.7)
     assert plan.steps(first) == 22_150  # ceil(11,340,573 / (8 x 64))
     assert plan.tokens(second) == plan.tokens(first)  # as many as phase 1, until it has run
@@ -75,6 +75,7 @@ def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert plan.tokens(more_names) == 6_000_000
     assert plan.steps(more_names) == 5_860  # ceil(6,000,000 / (16 x 64))
     assert plan.tokens(spoken) == 6_000_000
+    assert plan.tokens(words) == 5_000_000
 
 
 def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd):
