@@ -1,6 +1,6 @@
 """Make docs/images/predictions.png (the README's picture of the two bar lists) in a real browser.
 
-    python scripts/make_predictions_screenshot.py            # the bundled weights, 160 Steps
+    python scripts/make_predictions_screenshot.py            # the bundled weights, 320 Steps
 
 Starts the app (python app.py, a free port), types a prompt from Romeo and Juliet, clicks
 Step --steps times, waiting each time for the bars of the new step, and remembers the
@@ -25,7 +25,7 @@ PROMPT = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(BUNDLED))
-    parser.add_argument("--steps", type=int, default=160)
+    parser.add_argument("--steps", type=int, default=320)
     parser.add_argument("--out", default=str(ROOT / "docs" / "images" / "predictions.png"))
     args = parser.parse_args()
     with app_page(args.model, 1400, 1000, timeout_ms=120_000) as page:

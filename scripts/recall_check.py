@@ -14,13 +14,13 @@ reads) and through the sliding window of tgt_len (no memory, recomputed). A name
 the window (k > tgt_len) can only come back through memory.
 
 The names are pronounceable (``ZANTHOR``, ``Quibelline``), syllables drawn at random, in
-capitals or title case; training's made-up speakers are random capital letters
-(scripts/recall_data.py), so these test a copy of any name, not of one kind. Since r1's
-phase 5 also trained on syllable names (of another inventory), ``--names english`` draws
-a kind no training text used: words that sound like the play's own English (a chain of
-letter triples of the validation text's words) but are none of its words (``Dispeth``,
-``GRACIOUNT``), and ``--names compound`` two of its short words joined (``MOONHART``,
-``Goldfield``), a kind no phase trained on.
+capitals or title case, from an inventory no training text used. Training's made-up
+speakers were random capitals (phases 1-4), then also syllables of another inventory
+(``recall_data.spoken_name``, phase 5) and word-like names (``recall_data.word_namer`` of
+the training text, phase 6), so read more than one kind: ``--names english`` draws words
+that sound like the validation text's English but are none of its words (a chain of its
+words' letter triples: ``APAIRINTIL``, ``Growelise``), and ``--names compound`` joins two
+of its short words (``SHORESAID``, ``Sireharm``), a kind no phase trained on.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def english_namer(val: str):
 
 def compound_namer(val: str):
     """Names made of two words of the validation text, 3-5 letters each, as place names
-    and surnames are (MOONHART, Goldfield): a kind no training text used. None is a word
+    and surnames are (SHORESAID, Sireharm): a kind no training text used. None is a word
     of the text; a quarter in title case."""
     words = {w.lower() for w in re.findall(r"[A-Za-z]+", val)}
     parts = sorted(w for w in words if 3 <= len(w) <= 5)

@@ -68,7 +68,7 @@ def spoken_name(rng: random.Random) -> str:
 
 def word_namer(text: str):
     """A maker of names that sound like ``text``'s English but are none of its words
-    (GRACIOUNT, DISPETH), in capitals: each letter drawn after the two before it as often as
+    (COREWEL, FRINGIVE), in capitals: each letter drawn after the two before it as often as
     in the words of 3+ letters of ``text``, 5-10 letters. Real names are made of a
     language's letter habits, which neither random capitals nor syllables are."""
     words = {w.lower() for w in re.findall(r"[A-Za-z]{3,}", text)}

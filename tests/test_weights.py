@@ -113,16 +113,17 @@ def test_memory_helps_on_the_slice(model, card_eval, val_ids):
     assert without > recorded["loss"] + 0.05
 
 
-def test_the_weights_recall_speakers_planted_beyond_the_window(model, val_text, monkeypatch):
+@pytest.mark.parametrize("names", ["syllables", "english", "compound"])
+def test_the_weights_recall_speakers_planted_beyond_the_window(model, val_text, monkeypatch, names):
     """The issue's check, on names, places and distances the training never saw
-    (scripts/recall_check.py): a made-up speaker planted in validation text 50-400
-    characters back. Its name after the cue costs at most 4 bits per character with memory
-    512 (the floor; the model card gives the figure), while the 64-character window,
+    (scripts/recall_check.py), of three kinds: a made-up speaker planted in validation text
+    50-400 characters back. Its name after the cue costs at most 4 bits per character with
+    memory 512 (the floor; the model card gives the figure), while the 64-character window,
     which cannot see it, pays 3.5 or more."""
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     from recall_check import read_probes
 
-    rows = read_probes(model, val_text, probes=16, seed=7, mem_len=512)
+    rows = read_probes(model, val_text, probes=16, seed=7, mem_len=512, names=names)
     memory = sum(r["memory_after_3"] for r in rows) / len(rows)
     window = sum(r["window_after_3"] for r in rows) / len(rows)
     assert memory <= 4.0 and window >= 3.5, (memory, window)
