@@ -57,23 +57,23 @@ COLUMNS = {
 }
 
 
+def speaker_case(rng: random.Random, name: str) -> str:
+    """In capitals, as Tiny Shakespeare writes its speakers, or a quarter of the time in
+    title case (Belisande): every kind of name is cased the same way."""
+    return name.title() if rng.random() < 0.25 else name.upper()
+
+
 def made_up_name(rng: random.Random) -> str:
     """Two or three syllables no play uses, 5-10 letters (as ZANTHOR, Belisande), from an
     inventory of its own (not training's ``spoken_name``'s); a quarter in title case."""
-    name = syllable_name(rng, ONSETS, VOWELS, CODAS, 5, 10)
-    return name.title() if rng.random() < 0.25 else name
+    return speaker_case(rng, syllable_name(rng, ONSETS, VOWELS, CODAS, 5, 10))
 
 
 def english_namer(val: str):
     """Names that sound like the validation text's English but are none of its words, a
     quarter in title case (as ``made_up_name``'s)."""
     word_like = word_namer(val)
-
-    def name(rng: random.Random) -> str:
-        word = word_like(rng)
-        return word.title() if rng.random() < 0.25 else word
-
-    return name
+    return lambda rng: speaker_case(rng, word_like(rng))
 
 
 def compound_namer(val: str):
@@ -87,7 +87,7 @@ def compound_namer(val: str):
         while True:
             word = rng.choice(parts) + rng.choice(parts)
             if word not in words:
-                return word.title() if rng.random() < 0.25 else word.upper()
+                return speaker_case(rng, word)
 
     return name
 
