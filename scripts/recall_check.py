@@ -104,9 +104,13 @@ def speech_starts(val: str) -> list[int]:
     return [i + 2 for i in range(len(val) - 2) if val[i : i + 2] == "\n\n"]
 
 
-def planted(val: str, starts: list[int], rng: random.Random, name: str, k: int) -> tuple[str, int]:
+def planted(
+    val: str, starts: list[int], rng: random.Random, name: str, k: int, opening: bool = False
+) -> tuple[str, int]:
     """(text, at): whole speeches, the speaker and its line, k characters of the text that
-    follows, the speaker again. ``text[at]`` is the name's first returning letter."""
+    follows, the speaker again. ``text[at]`` is the name's first returning letter. With
+    ``opening`` the speeches before are left out: the name opens the text, as a visitor's
+    prompt "NAME:\n..." does, and only memory that started empty holds it."""
     i = rng.randrange(len(starts) // 20, len(starts) - 40)
     a = starts[i]
     b = next((s for s in starts[i + 1 :] if s - a >= rng.randint(200, 1000)), None)
@@ -114,23 +118,27 @@ def planted(val: str, starts: list[int], rng: random.Random, name: str, k: int) 
         raise ValueError("the validation text is too short")
     line = rng.choice([ln for ln in val[b : b + 2000].splitlines()[1:] if len(ln) > 20][:20])
     # the recall probe's text (txl.recall.probe_text), its speech and filler the play's own
-    text, start = probe_text(name, val[b : b + k], k, speech=line, before=val[a:b])
+    before = "" if opening else val[a:b]
+    text, start = probe_text(name, val[b : b + k], k, speech=line, before=before)
     return text, start - CUE
 
 
 @torch.no_grad()
 def read_probes(
-    model, val: str, probes: int, seed: int, mem_len: int, names: str = "syllables"
-) -> list[dict]:
+    model, val: str, probes: int, seed: int, mem_len: int, names: str = "syllables",
+    distances: tuple[int, ...] = (), opening: bool = False,
+) -> list[dict]:  # fmt: skip
     """``probes`` planted speakers (names of the kind ``names``, places and k drawn from
-    ``seed``), each name's bits per character with memory ``mem_len`` and through the window
-    of tgt_len."""
+    ``seed``: k in 50..400, or each of ``distances`` in turn), each name's bits per
+    character with memory ``mem_len`` and through the window of tgt_len; with ``opening``
+    the name opens its text."""
     starts, rng, seg = speech_starts(val), random.Random(seed), model.config.tgt_len
     made_up = NAMERS[names](val)
     rows = []
-    for _ in range(probes):
-        name, k = made_up(rng), rng.randint(50, 400)
-        text, at = planted(val, starts, rng, name, k)
+    for i in range(probes):
+        name = made_up(rng)
+        k = distances[i % len(distances)] if distances else rng.randint(50, 400)
+        text, at = planted(val, starts, rng, name, k, opening)
         ids = torch.tensor(model.tokenizer.encode(text), dtype=torch.long)
         # bits of name[1:], [len(name) - 1]; name[3:] is what is left after the cue "ZAN"
         memory = memory_nll(model, ids, seg, mem_len, start=at + 1).double() / LN2
@@ -151,24 +159,34 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mem-len", type=int, default=512)
     p.add_argument("--names", choices=sorted(NAMERS), default="syllables", help="their kind")
+    p.add_argument(
+        "--distances",
+        default="",
+        help="comma-separated k, taken in turn (default: drawn in 50..400), e.g. 1000,2000 "
+        "with --mem-len 2048: how far back memory reaches",
+    )
+    p.add_argument("--opening", action="store_true", help="the name opens its text")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, help="write the readings here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load(args.source).eval()
     _, val = train_val_split(load_text(args.data, download=True))
-    rows = read_probes(model, val, args.probes, args.seed, args.mem_len, args.names)
-    seg = model.config.tgt_len
-    print(f"{args.source}: {len(rows)} made-up speakers ({args.names}) planted in validation text, "
+    distances = tuple(int(k) for k in args.distances.split(",") if k)
+    rows = read_probes(
+        model, val, args.probes, args.seed, args.mem_len, args.names, distances, args.opening
+    )
+    seg, where = model.config.tgt_len, "opening" if args.opening else "planted in"
+    print(f"{args.source}: {len(rows)} made-up speakers ({args.names}) {where} validation text, "
           f"memory {args.mem_len}, window {seg} (bits per character of the name)")  # fmt: skip
     print("| k | probes | " + " | ".join(COLUMNS.values()) + " |")
     print("|---|---:|" + "---:|" * len(COLUMNS))
-    for lo, hi in (*BINS, (50, 400)):
+    for lo, hi in [(k, k) for k in distances] if distances else (*BINS, (50, 400)):
         sel = [r for r in rows if lo <= r["k"] <= hi]
         if not sel:
             continue
         cells = [f"{statistics.fmean(r[key] for r in sel):.2f}" for key in COLUMNS]
-        print(f"| {lo}-{hi} | {len(sel)} | " + " | ".join(cells) + " |")
+        print(f"| {lo if lo == hi else f'{lo}-{hi}'} | {len(sel)} | " + " | ".join(cells) + " |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

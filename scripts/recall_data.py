@@ -106,6 +106,7 @@ def recall_text(
     title_share: float = 0.25,
     spoken_names: float = 0.0,
     word_names: float = 0.0,
+    cast_names: bool = False,
 ) -> str:
     """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
     after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
@@ -128,18 +129,39 @@ def recall_text(
     are ``spoken_name``'s, ``word_names`` of them ``word_namer(text)``'s, the rest random
     capitals; ``title_share`` of them are written in title case ("Belisande"). The defaults
     draw the same random numbers as before these options existed, so earlier phases' texts
-    regenerate byte for byte."""
+    regenerate byte for byte.
+
+    With ``cast_names`` a renamed speaker of the text itself gets a name of the drills'
+    kinds (spoken, word-like or random capitals, ``title_share`` in title case) instead of
+    random capitals alone: in natural scenes a returning speaker's heading is then
+    predictable only from the scene's earlier headings, whatever its name looks like, which
+    is what a visitor's prompt asks of the model when it writes (issue 43)."""
     rng = random.Random(seed)
     speeches = [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
     word_name = word_namer(text) if word_names else None
     out, names = [], {}
+
+    def made_up(rng: random.Random) -> str:
+        """A made-up name of the kinds asked for, in the case asked for."""
+        kind = rng.random() if spoken_names or word_names else 1.0
+        if kind < spoken_names:
+            name = spoken_name(rng)
+        elif kind < spoken_names + word_names:
+            name = word_name(rng)
+        else:
+            name = made_up_name(rng)
+        return name.title() if rng.random() < title_share else name
+
     written = 0  # characters so far
     pending: list[tuple[int, str]] = []  # (write after this many characters, the line again)
     for i, (speaker, lines) in enumerate(speeches):
         if i % chunk == 0:
             names = {}  # a new chunk: a new cast
         if speaker not in names:
-            names[speaker] = made_up_name(rng) if rng.random() < rename else speaker
+            if rng.random() >= rename:
+                names[speaker] = speaker
+            else:
+                names[speaker] = made_up(rng) if cast_names else made_up_name(rng)
         if max_lines:
             lines = lines[:max_lines]
         parts = [f"{names[speaker]}:\n" + "\n".join(lines) + "\n\n"]
@@ -156,14 +178,7 @@ def recall_text(
                     at = rng.randrange(len(text) - gap)
                     between = text[at : at + gap]
                     if rng.random() < name_share:  # a made-up speaker returns
-                        kind = rng.random() if spoken_names or word_names else 1.0
-                        if kind < spoken_names:
-                            name = spoken_name(rng)
-                        elif kind < spoken_names + word_names:
-                            name = word_name(rng)
-                        else:
-                            name = made_up_name(rng)
-                        name = name.title() if rng.random() < title_share else name
+                        name = made_up(rng)
                         said = [rng.choice(rng.choice(speeches)[1]) for _ in range(2)]
                         parts.append(f"{name}:\n{said[0]}\n\n{between}\n\n{name}:\n{said[1]}\n\n")
                     else:
@@ -195,6 +210,7 @@ def recall_passes(
     title_share: float = 0.25,
     spoken_names: float = 0.0,
     word_names: float = 0.0,
+    cast_names: bool = False,
 ) -> str:
     """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
     (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
@@ -208,6 +224,7 @@ def recall_passes(
         title_share=title_share,
         spoken_names=spoken_names,
         word_names=word_names,
+        cast_names=cast_names,
     )
     return "".join(
         recall_text(train, chunk, rename, max_lines, copy_every, seed + r, **drills)
@@ -258,6 +275,11 @@ def main(argv=None) -> int:
         default=0.0,
         help="name drills' names that sound like the text's words (word_namer)",
     )
+    p.add_argument(
+        "--cast-names",
+        action="store_true",
+        help="renamed speakers get the drills' kinds of names and case, not random capitals",
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
@@ -270,7 +292,7 @@ def main(argv=None) -> int:
         text = recall_passes(
             train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed, a.copy_gap,
             a.near_share, a.repeat, a.inline_gap, a.name_share, a.title_share, a.spoken_names,
-            a.word_names,
+            a.word_names, a.cast_names,
         )  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

@@ -77,6 +77,13 @@ class Plan:
         self.runs = runs
         self.phases = self.plan["phases"]
 
+    def shipped(self, phase: dict) -> bool:
+        """Whether the phase is in the shipped weights (the plan's ``shipped``): its run
+        lives in an earlier session's checkout, and it is not run again."""
+        last = self.plan.get("shipped", {}).get("phase")
+        names = [p["name"] for p in self.phases]
+        return last in names and names.index(phase["name"]) <= names.index(last)
+
     def run_dir(self, phase: dict) -> Path:
         return self.runs / phase["name"]
 
@@ -100,8 +107,11 @@ class Plan:
 
     def start_from(self, phase: dict) -> Path | None:
         """The model the phase starts from: the last phase's; for the first, the plan's
-        ``init_from`` (null: from scratch)."""
+        ``init_from`` (null: from scratch); after the last shipped phase, the shipped
+        weights."""
         i = self.phases.index(phase)
+        if i > 0 and self.shipped(self.phases[i - 1]):
+            return ROOT / self.plan["shipped"]["weights"]
         if i > 0:
             return self.run_dir(self.phases[i - 1]) / "model"
         return ROOT / self.plan["init_from"] if self.plan.get("init_from") else None
@@ -206,7 +216,8 @@ def table(plan: Plan) -> str:
         speed = f"{statistics.median(speeds):,.0f}" if speeds else "—"
         rows.append(
             f"| {phase['name']} | {s['batch']} x {s['tgt_len']} | {plan.tokens(phase):,} "
-            f"({phase['tokens']}) | {tokens_spent(run):,} | {speed} | {status(run)} |"
+            f"({phase['tokens']}) | {tokens_spent(run):,} | {speed} | "
+            f"{'shipped' if plan.shipped(phase) else status(run)} |"
         )
     return "\n".join(rows)
 
@@ -296,7 +307,7 @@ def main(argv=None) -> int:
     if a.end_phase:
         end_phase(plan, a.end_phase, sys.executable, a.threads)
     for phase in plan.phases[: a.phases or None]:
-        if status(plan.run_dir(phase)) != "done":
+        if status(plan.run_dir(phase)) != "done" and not plan.shipped(phase):
             train_phase(plan, phase, a.data, sys.executable, a.threads)
     print(table(plan))
     return 0

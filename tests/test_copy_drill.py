@@ -201,3 +201,26 @@ def test_word_names_sound_like_the_text_and_are_none_of_its_words(monkeypatch):
         padded = f"^^{n.lower()}$"
         assert n.isupper() and n.lower() not in known
         assert all(padded[i : i + 3] in triples for i in range(len(padded) - 2)), n
+
+
+def test_cast_names_rename_the_texts_own_speakers_with_the_drills_kinds_one_way_per_cast(
+    monkeypatch,
+):
+    """recall_text(cast_names=True): a renamed speaker of the text gets a name of the drills'
+    kinds and case (here all spoken names in title case), the same name for the whole cast
+    of ``chunk`` speeches; off, the text is what it was before the option existed."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_data import SPEECH, recall_text
+
+    speeches = "".join(f"ROMEO:\n{i} {i + 1}.\n\nJULIET:\n{i * 7}, {i}!\n\n" for i in range(90))
+    kinds = dict(spoken_names=1.0, title_share=1.0)
+    text = recall_text(speeches, 30, 1.0, 0, 0, 3, **kinds, cast_names=True)
+    heads = [m.group(1) for m in SPEECH.finditer(text)]
+    assert len(heads) == 180 and all(h.istitle() and h not in ("Romeo", "Juliet") for h in heads)
+    for cast in range(0, 180, 30):  # two speakers, one name each, per 30 speeches
+        assert len(set(heads[cast : cast + 30])) == 2 and heads[cast] == heads[cast + 2]
+    assert len(set(heads)) > 6  # a new cast, new names
+    plain = recall_text(speeches, 30, 1.0, 0, 0, 3, **kinds)
+    assert all(h.isupper() for h in (m.group(1) for m in SPEECH.finditer(plain)))
+    body = [s.split("\n", 1)[1] for s in text.split("\n\n") if s]
+    assert body == [s.split("\n", 1)[1] for s in plain.split("\n\n") if s]  # lines kept

@@ -65,7 +65,7 @@ def losses(run: Path) -> dict[int, float]:
 def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert driver.law_tokens(8, 64, 5.7) == 11_340_573  # 10^5.7 * sqrt(512)
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    first, second, content, names, fresh, text, more_names, spoken, words = plan.phases
+    first, second, content, names, fresh, text, more_names, spoken, words, scenes = plan.phases
     assert plan.tokens(first) == driver.law_tokens(8, 64, 5.7)
     assert plan.steps(first) == 22_150  # ceil(11,340,573 / (8 x 64))
     assert plan.tokens(second) == plan.tokens(first)  # as many as phase 1, until it has run
@@ -76,6 +76,19 @@ def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert plan.steps(more_names) == 5_860  # ceil(6,000,000 / (16 x 64))
     assert plan.tokens(spoken) == 6_000_000
     assert plan.tokens(words) == 5_000_000
+    assert plan.tokens(scenes) == 4_500_000
+
+
+def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_from_them(
+    driver, tmp_path
+):
+    plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
+    *earlier, words, scenes = plan.phases
+    assert all(plan.shipped(p) for p in (*earlier, words)) and not plan.shipped(scenes)
+    assert plan.start_from(scenes) == ROOT / "weights" / "shakespeare-char"
+    assert "| phase6-words | 16 x 64 | 5,000,000 (5000000) | 0 | — | shipped |" in (
+        driver.table(plan)
+    )
 
 
 def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd):
@@ -121,13 +134,14 @@ def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd)
 
 def test_the_table_says_what_was_spent(driver, tmp_path, capsys):
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    run = tmp_path / "phase1-copy"
+    run = tmp_path / "phase7-scenes"  # the first phase after the shipped ones
     run.mkdir()
     (run / "log.jsonl").write_text(
         json.dumps({"step": 10, "loss": 2.0, "tokens": 5120, "tok_s": 2000.0}) + "\n"
     )
     table = driver.table(plan)
-    assert "| phase1-copy | 8 x 64 | 11,340,573 (law) | 5,120 | 2,000 | new |" in table
+    assert "| phase7-scenes | 16 x 64 | 4,500,000 (4500000) | 5,120 | 2,000 | new |" in table
+    assert "| phase1-copy | 8 x 64 | 11,340,573 (law) | 0 | — | shipped |" in table
 
 
 if __name__ == "__main__":

@@ -1,0 +1,308 @@
+"""Does memory show in what the model *writes*? Speaker headings in generated scenes.
+
+    .venv/bin/python scripts/generation_check.py weights/shakespeare-char
+    .venv/bin/python scripts/generation_check.py runs/recall/phase7-scenes --only probe
+
+The recall probes (scripts/recall_check.py) hand the model a name's first letters; when it
+writes a scene itself it has to *choose* the speaker. Three readings, seeded, with memory
+``--mem-len`` (M) and through the window of tgt_len (W, no memory, recomputed):
+
+- **real scenes**: prompts of 1,500 characters of the validation text (Tiny Shakespeare's
+  last 10 %) that end at a speech boundary, so that the next thing written is a heading;
+  ``--chars`` characters generated at each ``--temperatures``. Read: the share of written
+  headings that name a speaker of the prompt's last M + W characters (the *cast*, which a
+  memory of M reaches from the newest segment's end), beside the share in the text's own
+  continuation of the same prompts (the reference line: what a writer who remembers the
+  scene does).
+- **made-up scenes**: three made-up speakers (held out from training: the kinds of
+  recall_check.py) who each speak twice, real validation speeches as their lines, at the
+  end of a 1,500-character prompt. Read: the share of written headings that are the
+  scene's speakers, exactly, and those that only begin with a speaker's first two letters.
+- **the heading probe** (teacher-forced, cheap enough for every checkpoint): on the first
+  ``--probe-chars`` characters of validation, as it is and with every speaker renamed per
+  30-speech scene (consistently, held-out names), the bits of a *returning* speaker's
+  heading (one who spoke in the previous M + W characters): its first letter, which only
+  the scene's cast predicts, and the rest of the name, which is a copy.
+
+Generation is batched (every prompt has the same length): the memory side reads the
+prompt in segments of W as the page does and then steps one character at a time over
+its KV memory (txl.cached); the window side recomputes the last W characters each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from copy_drill import load  # noqa: E402  (scripts/, beside this file)
+from recall_check import NAMERS, speech_starts  # noqa: E402
+
+from txl.cached import cached_forward  # noqa: E402
+from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
+from txl.recall import LN2  # noqa: E402
+from txl.scoring import memory_nll, sliding_nll  # noqa: E402
+
+PROMPT_CHARS = 1500
+# A heading: a speaker's name alone on its line, after a blank line (or at the start).
+HEADING = re.compile(r"(?:^|\n\n)([A-Za-z][A-Za-z ']*):\n")
+SPEECH = re.compile(r"(?m)^([A-Za-z][A-Za-z ']*):\n((?:.+\n?)+)")
+
+
+def headings(text: str) -> list[tuple[int, str]]:
+    """(where the name starts, the name) of each speaker heading of ``text``."""
+    return [(m.start(1), m.group(1)) for m in HEADING.finditer(text)]
+
+
+def cast(prompt: str, reach: int) -> set[str]:
+    """The speakers whose heading lies in the last ``reach`` characters of ``prompt``."""
+    return {name for at, name in headings(prompt) if at >= len(prompt) - reach}
+
+
+# ---- generation, a batch of prompts at once --------------------------------------------
+
+
+@torch.no_grad()
+def generate(model, prompts: list[str], n: int, temperature: float, seed: int,
+             mem_len: int | None) -> list[str]:  # fmt: skip
+    """``n`` characters after each prompt (all of one length), sampled at ``temperature``
+    from one seeded generator. ``mem_len`` None: through the window of tgt_len, recomputed
+    every step; else with a memory of ``mem_len`` (the prompt read in segments of tgt_len)."""
+    tok, W = model.tokenizer, model.config.tgt_len
+    ids = torch.tensor([tok.encode(p) for p in prompts], dtype=torch.long)  # [B, T]
+    generator = torch.Generator().manual_seed(seed)
+    memory = None
+    if mem_len is not None:
+        for a in range(0, ids.size(1), W):
+            out = cached_forward(model, ids[:, a : a + W], memory, mem_len=mem_len, last_only=True)
+            memory = out.memory
+    written = []
+    for _ in range(n):
+        if mem_len is None:
+            out = cached_forward(model, ids[:, -W:], None, mem_len=W, last_only=True)
+        logits = out.logits[:, -1].float() / temperature  # [B, vocab]
+        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)  # [B, 1]
+        written.append(nxt)
+        ids = torch.cat([ids, nxt], 1) if mem_len is None else nxt
+        if mem_len is not None:
+            out = cached_forward(model, nxt, memory, mem_len=mem_len)
+    return [tok.decode(row) for row in torch.cat(written, 1).tolist()]
+
+
+# ---- the prompts ------------------------------------------------------------------------
+
+
+def real_scenes(val: str, count: int, after: int, seed: int) -> list[tuple[str, str]]:
+    """(prompt, the text's own next ``after`` characters): ``count`` prompts of
+    PROMPT_CHARS characters that end where a speech starts, spread over the text."""
+    rng = random.Random(seed)
+    starts = [s for s in speech_starts(val) if PROMPT_CHARS <= s <= len(val) - after]
+    picked = sorted(rng.sample(starts, count))
+    return [(val[s - PROMPT_CHARS : s], val[s : s + after]) for s in picked]
+
+
+def made_up_scenes(val: str, count: int, seed: int) -> list[tuple[str, list[str]]]:
+    """(prompt, the scene's three speakers): validation text, then a scene in which three
+    made-up speakers (names of recall_check's kinds, in turn) each speak twice (A B C A B
+    C), real speeches of up to four lines as their lines; PROMPT_CHARS in all."""
+    rng = random.Random(seed)
+    kinds = [NAMERS[k](val) for k in sorted(NAMERS)]
+    speeches = [m.group(2).rstrip("\n").split("\n")[:4] for m in SPEECH.finditer(val)]
+    speeches = [s for s in speeches if sum(map(len, s)) < 160]
+    starts = [s for s in speech_starts(val) if s >= PROMPT_CHARS]
+    scenes = []
+    for i in range(count):
+        names: list[str] = []
+        while len(names) < 3:
+            name = kinds[(i + len(names)) % len(kinds)](rng)
+            if name[:2].upper() not in {n[:2].upper() for n in names}:  # tell apart by 2
+                names.append(name)
+        scene = "".join(
+            f"{names[j % 3]}:\n" + "\n".join(rng.choice(speeches)) + "\n\n" for j in range(6)
+        )
+        at = rng.choice(starts)
+        scenes.append((val[at - (PROMPT_CHARS - len(scene)) : at] + scene, names))
+    return scenes
+
+
+def renamed(val: str, seed: int, chunk: int = 30) -> str:
+    """``val`` with every speaker renamed per ``chunk`` speeches, consistently inside a
+    chunk (held-out names of recall_check's kinds): a returning heading is then predictable
+    only from the scene's own earlier headings."""
+    rng = random.Random(seed)
+    kinds = [NAMERS[k](val) for k in sorted(NAMERS)]
+    out, names = [], {}
+    for i, m in enumerate(SPEECH.finditer(val)):
+        if i % chunk == 0:
+            names = {}
+        while m.group(1) not in names:  # a name no other speaker of the scene has
+            name = kinds[len(names) % len(kinds)](rng)
+            if name not in names.values():
+                names[m.group(1)] = name
+        out.append(f"{names[m.group(1)]}:\n{m.group(2).rstrip(chr(10))}\n\n")
+    return "".join(out)
+
+
+# ---- the readings -----------------------------------------------------------------------
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def share(hits: int, total: int) -> float:
+    return hits / total if total else float("nan")
+
+
+def read_real(model, val, args) -> dict:
+    reach = args.mem_len + model.config.tgt_len
+    scenes = real_scenes(val, args.scenes, args.chars, args.seed)
+    prompts = [p for p, _ in scenes]
+    casts = [cast(p, reach) for p in prompts]
+    result = {"reference": _heading_share([t for _, t in scenes], casts)}
+    for temperature in args.temperatures:
+        for side, mem in (("memory", args.mem_len), ("window", None)):
+            texts = generate(model, prompts, args.chars, temperature, args.seed, mem)
+            result[f"{side} T={temperature}"] = _heading_share(texts, casts)
+            result[f"{side} T={temperature}"]["samples"] = texts[: args.samples]
+    return result
+
+
+def _heading_share(texts: list[str], casts: list[set[str]]) -> dict:
+    written = [[name for _, name in headings("\n\n" + t)] for t in texts]
+    hits = sum(name in c for names, c in zip(written, casts) for name in names)
+    total = sum(map(len, written))
+    return {"headings": total, "from_cast": hits, "share": share(hits, total)}
+
+
+def read_made_up(model, val, args) -> dict:
+    scenes = made_up_scenes(val, args.scenes, args.seed)
+    prompts = [p for p, _ in scenes]
+    result = {}
+    for temperature in args.temperatures:
+        for side, mem in (("memory", args.mem_len), ("window", None)):
+            texts = generate(model, prompts, args.chars, temperature, args.seed, mem)
+            exact = begun = total = 0
+            for text, (_, names) in zip(texts, scenes):
+                for _, written in headings("\n\n" + text):
+                    total += 1
+                    exact += written in names
+                    begun += any(written[:2].upper() == n[:2].upper() for n in names)
+            result[f"{side} T={temperature}"] = {
+                "headings": total, "exact": exact, "share": share(exact, total),
+                "first_two_letters": share(begun, total),
+                "samples": [f"[{', '.join(n)}] {t}" for t, (_, n) in zip(texts, scenes)][
+                    : args.samples
+                ],
+            }  # fmt: skip
+    return result
+
+
+@torch.no_grad()
+def heading_bits(model, text: str, mem_len: int) -> dict:
+    """Bits of each returning speaker's heading in ``text``: its first letter, and the rest
+    of the name per character, with memory ``mem_len`` and through the window."""
+    W = model.config.tgt_len
+    ids = torch.tensor(model.tokenizer.encode(text), dtype=torch.long)
+    with_memory = memory_nll(model, ids, W, mem_len).double() / LN2  # column j: token j + 1
+    window = sliding_nll(model, ids, W).double() / LN2
+    last_spoke: dict[str, int] = {}
+    first = {"memory": [], "window": []}
+    rest = {"memory": [], "window": []}
+    for at, name in headings(text):
+        before = last_spoke.get(name)
+        last_spoke[name] = at
+        if at == 0 or before is None or at - before > mem_len + W:
+            continue
+        for side, bits in (("memory", with_memory), ("window", window)):
+            first[side].append(bits[at - 1].item())
+            rest[side].append(bits[at : at + len(name) - 1].mean().item())
+    return {
+        "returning": len(first["memory"]),
+        **{f"first_letter_{s}": mean(first[s]) for s in first},
+        **{f"rest_{s}": mean(rest[s]) for s in rest},
+    }
+
+
+def read_probe(model, val, args) -> dict:
+    text = val[: args.probe_chars]
+    return {
+        "as_it_is": heading_bits(model, text, args.mem_len),
+        "renamed": heading_bits(model, renamed(val, args.seed)[: args.probe_chars], args.mem_len),
+    }
+
+
+def report(source, result: dict, args, window: int) -> str:
+    lines = [f"{source}: memory {args.mem_len}, window {window}, seed {args.seed}"]
+    if "probe" in result:
+        lines += [
+            "",
+            "a returning speaker's heading: bits of its first letter, and per character after",
+            "| text | returning | first letter, memory | window | rest, memory | window |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for kind, r in result["probe"].items():
+            cells = ("first_letter_memory", "first_letter_window", "rest_memory", "rest_window")
+            numbers = " | ".join(f"{r[c]:.2f}" for c in cells)
+            lines.append(f"| {kind} | {r['returning']} | {numbers} |")
+    if "real" in result:
+        ref, reach = result["real"]["reference"], args.mem_len + window
+        lines += [
+            "",
+            f"real scenes: headings from the prompt's last {reach} characters "
+            f"(the text itself: {ref['share']:.0%} of {ref['headings']})",
+        ]
+        for key, r in result["real"].items():
+            if key != "reference":
+                lines.append(f"  {key}: {r['share']:.0%} of {r['headings']}")
+    if "made_up" in result:
+        lines += ["", "made-up scenes: headings that are the scene's speakers (first 2 letters)"]
+        for key, r in result["made_up"].items():
+            lines.append(
+                f"  {key}: {r['share']:.0%} of {r['headings']} ({r['first_two_letters']:.0%})"
+            )
+    for part in ("real", "made_up"):
+        for key, r in result.get(part, {}).items():
+            for text in r.get("samples", []):
+                lines += ["", f"--- {part}, {key} ---", text[:300]]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("source", type=Path, help="a model folder or a txl.train run folder")
+    p.add_argument("--data", type=Path, default=tiny_shakespeare_path(ROOT))
+    p.add_argument("--mem-len", type=int, default=512)
+    p.add_argument("--scenes", type=int, default=20, help="prompts of each kind")
+    p.add_argument("--chars", type=int, default=600, help="characters generated per prompt")
+    p.add_argument("--temperatures", default="0.8", help="comma-separated")
+    p.add_argument("--probe-chars", type=int, default=12000)
+    p.add_argument("--only", choices=("probe", "real", "made_up"), action="append")
+    p.add_argument("--samples", type=int, default=2, help="generations printed of each")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path, help="write the readings here")
+    args = p.parse_args(argv)
+    args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    torch.set_num_threads(args.threads)
+    model = load(args.source).eval()
+    _, val = train_val_split(load_text(args.data, download=True))
+    parts = args.only or ["probe", "real", "made_up"]
+    readers = {"probe": read_probe, "real": read_real, "made_up": read_made_up}
+    result = {part: readers[part](model, val, args) for part in parts}
+    print(report(args.source, result, args, model.config.tgt_len))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""scripts/generation_check.py, the check of memory in what the model writes: its scenes are
+the validation text's own, its headings and casts are read as a play writes them, its
+batched generation is the model's own sampling, and its heading probe reads the model's
+direct bits."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.test_app import tiny_model
+from txl import TransformerXL
+from txl.scoring import memory_nll, sliding_nll
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import generation_check as check  # noqa: E402
+
+SPEAKERS = ["ROMEO", "JULIET", "NURSE", "FRIAR LAURENCE", "TYBALT", "Lady Capulet"]
+WORDS = ["east", "sun", "moon", "light", "night", "rose", "name", "word", "love", "hate"]
+PLAY = "".join(  # speakers in turn, some returning soon, some late
+    f"{SPEAKERS[(i * 7 // 3) % 6]}:\nIt is the {WORDS[i % 10]}, and {WORDS[i // 10 % 10]} "
+    f"is the sun.\nArise, fair {WORDS[i // 100 % 10]}.\n\n"
+    for i in range(1200)
+)
+
+
+def test_headings_are_names_alone_on_their_line_after_a_blank_line():
+    text = "ROMEO:\nWhat, ho!\nWho: is it?\n\nFRIAR LAURENCE:\nThe grey-eyed morn\n\nJuliet:\n"
+    assert check.headings(text) == [(0, "ROMEO"), (30, "FRIAR LAURENCE"), (66, "Juliet")]
+    assert text[30:].startswith("FRIAR") and "Who" not in dict(check.headings(text)).values()
+    # the cast: speakers whose heading lies in the last `reach` characters
+    assert check.cast(text, len(text) - 30) == {"FRIAR LAURENCE", "Juliet"}
+    assert check.cast(text, len(text)) == {"ROMEO", "FRIAR LAURENCE", "Juliet"}
+
+
+def test_real_scenes_are_the_texts_own_prompts_ending_where_a_speech_starts():
+    scenes = check.real_scenes(PLAY, 5, 300, seed=2)
+    assert len(scenes) == 5
+    for prompt, own in scenes:
+        assert len(prompt) == check.PROMPT_CHARS and prompt.endswith("\n\n")
+        assert prompt + own in PLAY and check.headings(own)[0][0] == 0  # a heading comes next
+        assert len(own) == 300
+    assert scenes == check.real_scenes(PLAY, 5, 300, seed=2)  # seeded
+
+
+def test_made_up_scenes_end_with_three_new_speakers_who_each_speak_twice():
+    for prompt, names in check.made_up_scenes(PLAY, 6, seed=3):
+        assert len(prompt) == check.PROMPT_CHARS and prompt.endswith("\n\n")
+        assert len({n[:2].upper() for n in names}) == 3  # told apart by two letters
+        written = [name for _, name in check.headings(prompt)][-6:]
+        assert written == names + names and not set(names) & set(SPEAKERS)
+
+
+def test_renamed_text_keeps_every_speech_and_names_each_speaker_one_way_per_scene():
+    text = check.renamed(PLAY, seed=4, chunk=30)
+    old, new = check.headings(PLAY), check.headings(text)
+    assert len(old) == len(new)
+    assert [s.split("\n", 1)[1] for s in text.split("\n\n") if s] == [
+        s.split("\n", 1)[1] for s in PLAY.split("\n\n") if s
+    ]
+    for a in range(0, len(old), 30):
+        pairs = {(o, n) for (_, o), (_, n) in zip(old[a : a + 30], new[a : a + 30])}
+        assert len({o for o, _ in pairs}) == len(pairs) == len({n for _, n in pairs})
+        assert not {n for _, n in pairs} & set(SPEAKERS)
+
+
+def reference_generate(model, prompts, n, temperature, seed, mem_len):
+    """The same sampling through the model's plain forward (hidden-state memory)."""
+    W, tok = model.config.tgt_len, model.tokenizer
+    ids = torch.tensor([tok.encode(p) for p in prompts])
+    generator, mems, written = torch.Generator().manual_seed(seed), None, []
+    with torch.no_grad():
+        if mem_len is not None:
+            for a in range(0, ids.size(1), W):
+                out = model(ids[:, a : a + W], mems=mems, mem_len=mem_len)
+                mems = out.mems
+        for _ in range(n):
+            if mem_len is None:
+                out = model(ids[:, -W:], mem_len=W)
+            p = torch.softmax(out.logits[:, -1].float() / temperature, -1)
+            nxt = torch.multinomial(p, 1, generator=generator)
+            written.append(nxt)
+            ids = torch.cat([ids, nxt], 1)
+            if mem_len is not None:
+                out = model(nxt, mems=out.mems, mem_len=mem_len)
+    return [tok.decode(row) for row in torch.cat(written, 1).tolist()]
+
+
+def test_batched_generation_is_the_models_own_sampling_with_memory_and_through_the_window(
+    tmp_path,
+):
+    model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m", seed=5)).eval()
+    prompts = [p for p, _ in check.real_scenes(PLAY, 3, 100, seed=1)]
+    for mem_len in (None, 40):
+        texts = check.generate(model, prompts, 30, 0.8, 7, mem_len)
+        assert [len(t) for t in texts] == [30, 30, 30]
+        assert texts == reference_generate(model, prompts, 30, 0.8, 7, mem_len)
+
+
+def test_the_heading_probe_reads_returning_speakers_from_the_models_direct_bits(tmp_path):
+    model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m", seed=6)).eval()
+    text, mem_len = PLAY[:3000], 400
+    reading = check.heading_bits(model, text, mem_len)
+    W, ids = model.config.tgt_len, torch.tensor(model.tokenizer.encode(text))
+    memory = memory_nll(model, ids, W, mem_len).double() / math.log(2)
+    window = sliding_nll(model, ids, W).double() / math.log(2)
+    last, first, rest = {}, [], []
+    for at, name in check.headings(text):
+        if name in last and at - last[name] <= mem_len + W:
+            first.append(memory[at - 1].item())
+            rest.append(window[at : at + len(name) - 1].mean().item())
+        last[name] = at
+    assert reading["returning"] == len(first) > 10
+    assert math.isclose(reading["first_letter_memory"], sum(first) / len(first))
+    assert math.isclose(reading["rest_window"], sum(rest) / len(rest))
+
+
+def test_made_up_names_are_drawn_afresh_by_seed():
+    a = [n for _, n in check.made_up_scenes(PLAY, 4, seed=1)]
+    assert a == [n for _, n in check.made_up_scenes(PLAY, 4, seed=1)]
+    assert a != [n for _, n in check.made_up_scenes(PLAY, 4, seed=2)]
