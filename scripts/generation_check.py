@@ -49,7 +49,7 @@ from recall_check import NAMERS, speech_starts  # noqa: E402
 from txl.cached import cached_forward  # noqa: E402
 from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
 from txl.recall import LN2  # noqa: E402
-from txl.scoring import memory_nll, sliding_nll  # noqa: E402
+from txl.scoring import memory_nll  # noqa: E402
 
 PROMPT_CHARS = 1500
 # A heading: a speaker's name alone on its line, after a blank line (or at the start).
@@ -207,24 +207,43 @@ def read_made_up(model, val, args) -> dict:
 
 
 @torch.no_grad()
+def window_bits(model, ids: torch.Tensor, positions: list[int], batch: int = 64) -> torch.Tensor:
+    """Bits of ``ids[t]`` for each t of ``positions`` (t >= tgt_len) from the window of the
+    tgt_len characters before it alone, recomputed: ``sliding_nll`` at those positions
+    only (a heading's letters are a few per cent of a text)."""
+    W = model.config.tgt_len
+    bits = []
+    for a in range(0, len(positions), batch):
+        at = torch.tensor(positions[a : a + batch])
+        windows = ids[at[:, None] - W + torch.arange(W)]  # [N, W]: the W before each
+        out = cached_forward(model, windows, None, mem_len=W, last_only=True)
+        logp = torch.log_softmax(out.logits[:, -1].float(), -1)  # [N, vocab]
+        bits.append(-logp.gather(1, ids[at][:, None])[:, 0].double() / LN2)
+    return torch.cat(bits) if bits else torch.zeros(0)
+
+
+@torch.no_grad()
 def heading_bits(model, text: str, mem_len: int) -> dict:
     """Bits of each returning speaker's heading in ``text``: its first letter, and the rest
     of the name per character, with memory ``mem_len`` and through the window."""
     W = model.config.tgt_len
     ids = torch.tensor(model.tokenizer.encode(text), dtype=torch.long)
+    returning, last_spoke = [], {}  # (where the name starts, its length)
+    for at, name in headings(text):
+        before, last_spoke[name] = last_spoke.get(name), at
+        if at >= W and before is not None and at - before <= mem_len + W:
+            returning.append((at, len(name)))
+    # the names' characters only: the window is recomputed for each
+    scored = sorted({t for at, n in returning for t in range(at, at + n)})
     with_memory = memory_nll(model, ids, W, mem_len).double() / LN2  # column j: token j + 1
-    window = sliding_nll(model, ids, W).double() / LN2
-    last_spoke: dict[str, int] = {}
+    window = dict(zip(scored, window_bits(model, ids, scored).tolist()))
     first = {"memory": [], "window": []}
     rest = {"memory": [], "window": []}
-    for at, name in headings(text):
-        before = last_spoke.get(name)
-        last_spoke[name] = at
-        if at == 0 or before is None or at - before > mem_len + W:
-            continue
-        for side, bits in (("memory", with_memory), ("window", window)):
-            first[side].append(bits[at - 1].item())
-            rest[side].append(bits[at : at + len(name) - 1].mean().item())
+    for at, n in returning:
+        first["memory"].append(with_memory[at - 1].item())
+        rest["memory"].append(with_memory[at : at + n - 1].mean().item())
+        first["window"].append(window[at])
+        rest["window"].append(statistics.fmean(window[t] for t in range(at + 1, at + n)))
     return {
         "returning": len(first["memory"]),
         **{f"first_letter_{s}": mean(first[s]) for s in first},
