@@ -162,17 +162,25 @@ def share(hits: int, total: int) -> float:
     return hits / total if total else float("nan")
 
 
+def sides(args) -> list[tuple[str, float, int | None]]:
+    """(side, temperature, memory) of each generation: with memory at every temperature,
+    through the window at ``--window-temperatures`` (it recomputes tgt_len characters for
+    every character written, ~100x the memory side's work here)."""
+    return [("memory", t, args.mem_len) for t in args.temperatures] + [
+        ("window", t, None) for t in args.window_temperatures
+    ]
+
+
 def read_real(model, val, args) -> dict:
     reach = args.mem_len + model.config.tgt_len
     scenes = real_scenes(val, args.scenes, args.chars, args.seed)
     prompts = [p for p, _ in scenes]
     casts = [cast(p, reach) for p in prompts]
     result = {"reference": _heading_share([t for _, t in scenes], casts)}
-    for temperature in args.temperatures:
-        for side, mem in (("memory", args.mem_len), ("window", None)):
-            texts = generate(model, prompts, args.chars, temperature, args.seed, mem)
-            result[f"{side} T={temperature}"] = _heading_share(texts, casts)
-            result[f"{side} T={temperature}"]["samples"] = texts[: args.samples]
+    for side, temperature, mem in sides(args):
+        texts = generate(model, prompts, args.chars, temperature, args.seed, mem)
+        result[f"{side} T={temperature}"] = _heading_share(texts, casts)
+        result[f"{side} T={temperature}"]["samples"] = texts[: args.samples]
     return result
 
 
@@ -187,22 +195,21 @@ def read_made_up(model, val, args) -> dict:
     scenes = made_up_scenes(val, args.scenes, args.seed)
     prompts = [p for p, _ in scenes]
     result = {}
-    for temperature in args.temperatures:
-        for side, mem in (("memory", args.mem_len), ("window", None)):
-            texts = generate(model, prompts, args.chars, temperature, args.seed, mem)
-            exact = begun = total = 0
-            for text, (_, names) in zip(texts, scenes):
-                for _, written in headings("\n\n" + text):
-                    total += 1
-                    exact += written in names
-                    begun += any(written[:2].upper() == n[:2].upper() for n in names)
-            result[f"{side} T={temperature}"] = {
-                "headings": total, "exact": exact, "share": share(exact, total),
-                "first_two_letters": share(begun, total),
-                "samples": [f"[{', '.join(n)}] {t}" for t, (_, n) in zip(texts, scenes)][
-                    : args.samples
-                ],
-            }  # fmt: skip
+    for side, temperature, mem in sides(args):
+        texts = generate(model, prompts, args.chars, temperature, args.seed, mem)
+        exact = begun = total = 0
+        for text, (_, names) in zip(texts, scenes):
+            for _, written in headings("\n\n" + text):
+                total += 1
+                exact += written in names
+                begun += any(written[:2].upper() == n[:2].upper() for n in names)
+        result[f"{side} T={temperature}"] = {
+            "headings": total, "exact": exact, "share": share(exact, total),
+            "first_two_letters": share(begun, total),
+            "samples": [f"[{', '.join(n)}] {t}" for t, (_, n) in zip(texts, scenes)][
+                : args.samples
+            ],
+        }  # fmt: skip
     return result
 
 
@@ -303,6 +310,7 @@ def main(argv=None) -> int:
     p.add_argument("--scenes", type=int, default=20, help="prompts of each kind")
     p.add_argument("--chars", type=int, default=600, help="characters generated per prompt")
     p.add_argument("--temperatures", default="0.8", help="comma-separated")
+    p.add_argument("--window-temperatures", default="0.8", help="comma-separated")
     p.add_argument("--probe-chars", type=int, default=12000)
     p.add_argument("--only", choices=("probe", "real", "made_up"), action="append")
     p.add_argument("--samples", type=int, default=2, help="generations printed of each")
@@ -311,13 +319,16 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="write the readings here")
     args = p.parse_args(argv)
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    args.window_temperatures = [float(t) for t in args.window_temperatures.split(",") if t]
     torch.set_num_threads(args.threads)
     model = load(args.source).eval()
     _, val = train_val_split(load_text(args.data, download=True))
     parts = args.only or ["probe", "real", "made_up"]
     readers = {"probe": read_probe, "real": read_real, "made_up": read_made_up}
-    result = {part: readers[part](model, val, args) for part in parts}
-    print(report(args.source, result, args, model.config.tgt_len))
+    result = {}
+    for part in parts:  # each printed when it is read: the window's generations are slow
+        result[part] = readers[part](model, val, args)
+        print(report(args.source, {part: result[part]}, args, model.config.tgt_len), flush=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
