@@ -28,13 +28,7 @@ from txl.config import TXLConfig
 from txl.hub import CONFIG_NAME, TXLLoadError
 from txl.loading import load_config
 from txl.model import TransformerXL
-from txl.session import (
-    Session,
-    check_seed,
-    check_temperature,
-    check_top_p,
-    memory_bytes_per_position,
-)
+from txl.session import Session, memory_bytes_per_position
 
 from .budget import (
     MemoryBudget,
@@ -352,25 +346,26 @@ class DemoService:
                 note_heap_use()  # the sweep trims the heap within a second
 
     def apply_settings(self, s: Session, settings: Settings) -> None:
-        """Validate every setting first, then apply (memory rebuilds only on a change)."""
-        temperature, top_p, seed = (
-            check_temperature(settings.temperature),
-            check_top_p(settings.top_p),
-            check_seed(settings.seed),
-        )
+        """The app's bounds on top_k and mem_len (a mem_len above the per-session cap is
+        lowered to it, with a warning), then ``Session.configure``, which checks every
+        setting before it changes any (the memory rebuilds only on a change)."""
         top_k = as_int("top_k", settings.top_k, 0, 1_000_000)
         mem_len = as_int("mem_len", settings.mem_len, 0, MAX_MEM_LEN)
         cap = self.mem_cap(s.model)
         if mem_len > cap:
             gr.Warning(f"mem_len {mem_len:,} is above this model's per-session cap; using {cap:,}.")
             mem_len = cap
-        s.temperature, s.top_k, s.top_p = temperature, top_k, top_p
-        if mem_len != s.mem_len:
-            s.set_mem_len(mem_len)
+        changed = mem_len != s.mem_len
+        s.configure(
+            memory=bool(settings.memory),
+            mem_len=mem_len,
+            temperature=settings.temperature,
+            top_k=top_k,
+            top_p=settings.top_p,
+            seed=settings.seed,
+        )
+        if changed:
             self.fit_history(s)
-        s.set_memory(bool(settings.memory))
-        if seed != s.seed:
-            s.set_seed(seed)
 
     @staticmethod
     def start_from_prompt(s: Session, prompt: str, capture: bool = False) -> None:
@@ -407,9 +402,8 @@ class DemoService:
             return self.visitors.add(new)
         with user_errors(state):
             old, s = state.session, new.session
-            s.temperature, s.top_k, s.top_p = old.temperature, old.top_k, old.top_p
+            s.configure(old.memory, None, old.temperature, old.top_k, old.top_p)
             s.set_seed(old.seed)
-            s.set_memory(old.memory)
             state.source, state.session = new.source, s
         return state
 
