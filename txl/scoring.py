@@ -79,10 +79,14 @@ def split_streams(ids: Tensor, n_streams: int) -> Tensor:
 
 # ---- the vanilla baseline: a sliding window, recomputed for every token ----------------
 
-# The working set of one batch of windows (its activations and attention scores) the
-# batch size aims at: about one core's L2 cache (1-2 MB on the machines this runs on), so
-# that a layer's products read their operands from cache, not from memory.
-WINDOW_CACHE_BYTES = 1 << 20
+# The working set of one batch of windows (one layer's activations and attention scores)
+# the batch size aims at: the last-level cache of the machines this runs on (32 MB: an
+# AMD EPYC's L3, two Xeon cores' share), so that a layer's products read their operands
+# from cache, not from memory. Measured on the 2-core EPYC, the bundled model, window 64
+# (best of 5 rounds, benchmarks/bench_roofline.py's window): 8-64 windows a call within
+# 10 % of each other on one thread (32: 11.0 ms a window), 2-4 windows 20-50 % slower;
+# on two threads larger batches gained (32: 27, 128: 21 ms beside a training run).
+WINDOW_CACHE_BYTES = 32 << 20
 
 
 def window_batch_size(
@@ -91,7 +95,8 @@ def window_batch_size(
     """How many windows of ``window`` tokens one forward call takes: what one layer holds
     per window, float32 (the attention scores [H, W, W] four times over: content,
     position, its shifted copy, the probabilities; the activations [W, d_inner] and
-    [W, 4 d_model]), within about ``cache_bytes``; at least one."""
+    [W, 4 d_model]), within about ``cache_bytes``; at least one (32 for the bundled
+    model's window of 64)."""
     c = model.config
     per_window = 4 * window * (4 * c.n_head * window + c.d_inner + 4 * c.d_model)
     return max(1, cache_bytes // per_window)
@@ -130,7 +135,7 @@ def window_batches(
     """The next-token scores at each of ``positions`` from the ``window`` tokens before it
     alone: for p in positions, the model on ids[max(0, p-W) : p] predicting ids[p] (p may
     be len(ids): the token after the text). Yields (positions [n], scores [n, V]) batch by
-    batch: the positions p < W first, then the others in the order asked.
+    batch: the positions p < W first, then the others, each group in the order asked.
 
     Positions p < W see the whole shorter prefix ids[0:p], as a window at the start of a
     text would: one causal forward over ids[0 : max p] gives them all, since without
