@@ -146,6 +146,7 @@ def window_batches(
         raise ValueError(f"window must be >= 1, got {window}")
     device = next(model.parameters()).device
     ids = torch.as_tensor(ids, dtype=torch.long).to(device)  # [L]
+    window = min(window, len(ids) + 1)  # a longer one sees what this one sees: all of it
     positions = torch.as_tensor(positions, dtype=torch.long).reshape(-1)
     if positions.numel() and not (
         int(positions.min()) >= 1 and int(positions.max()) <= ids.numel()

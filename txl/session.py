@@ -23,7 +23,12 @@ Beyond the contract: ``s.kv`` (the KVMemory, None when memory is off), ``s.next_
 (the pending scores), ``s.set_seg_len(n)``, ``s.encode(text)``, ``s.unknown_mode``
 ("replace" or "ignore"), ``s.start_id`` (the token an empty prompt starts from) and
 ``s.pieces`` (the text of each token, indexable by token position).
-``s.memory``, ``s.mem_len`` and ``s.seg_len`` are read-only: change them with the setters.
+``s.memory``, ``s.mem_len`` and ``s.seg_len`` are read-only: change them with the setters
+or ``configure`` (every setting checked before any changes).
+
+What the session is not: a scorer of texts (``txl.scoring.score_stages``: it needs the
+model alone) or a server's accountant (it counts and hands over its own memory,
+``footprint`` and ``export_state``, and the server never reaches into its fields).
 
 Tokens are characters for a character model and words for a word model (the WikiText-103
 Transformer-XL); "char" in the traces below means the token's text either way.
@@ -308,11 +313,6 @@ class Session:
     def next_logits(self) -> Tensor | None:
         """[vocab] the pending next-token scores (None before anything was fed)."""
         return self._logits
-
-    @next_logits.setter
-    def next_logits(self, logits: Tensor | None) -> None:
-        """Hand back the scores this session computed (a memory restored from disk)."""
-        self._logits = logits
 
     @property
     def history_bytes(self) -> int:
