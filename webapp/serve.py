@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import gradio as gr
@@ -206,7 +206,8 @@ def fix_streaming_diff() -> None:
 class Settings:
     """The sampling and memory settings a Watch-tab event sends, as sent (checked when
     applied: ``DemoService.apply_settings``). The handlers take them one by one, as Gradio
-    passes the inputs, and build this at once."""
+    passes the inputs (the API names them by the handler's parameters), and ``of`` reads
+    them out of the handler's inputs: the one place a Settings is built from them."""
 
     memory: bool
     mem_len: int
@@ -214,6 +215,12 @@ class Settings:
     top_k: int
     top_p: float
     seed: int
+
+    @classmethod
+    def of(cls, inputs: dict) -> Settings:
+        """The settings among a handler's inputs by name (its ``locals()``: parameters
+        named as these fields)."""
+        return cls(**{f.name: inputs[f.name] for f in fields(cls)})
 
 
 class DemoService:
