@@ -80,13 +80,14 @@ def split_streams(ids: Tensor, n_streams: int) -> Tensor:
 # ---- the vanilla baseline: a sliding window, recomputed for every token ----------------
 
 # The working set of one batch of windows (one layer's activations and attention scores)
-# the batch size aims at: the last-level cache of the machines this runs on (32 MB: an
-# AMD EPYC's L3, two Xeon cores' share), so that a layer's products read their operands
-# from cache, not from memory. Measured on the 2-core EPYC, the bundled model, window 64
-# (best of 5 rounds, benchmarks/bench_roofline.py's window): 8-64 windows a call within
-# 10 % of each other on one thread (32: 11.0 ms a window), 2-4 windows 20-50 % slower;
-# on two threads larger batches gained (32: 27, 128: 21 ms beside a training run).
-WINDOW_CACHE_BYTES = 32 << 20
+# the batch size aims at, per torch thread: half the last-level cache of the machines this
+# runs on (32 MB: an AMD EPYC's L3), so that a layer's products read their operands from
+# cache. Measured on the 2-core EPYC, the bundled model, window 64, best of 6 rounds, one
+# thread: 16 windows a call 8.0-8.7 ms a window, 32 8.4-9.4, 64 8.8-9.8 (the same as the
+# one-window-at-a-time code's forward at those sizes); two threads gained from larger
+# batches (32: 27, 128: 21 ms a window beside a training run). The app's Score asks for
+# 16 at a time anyway (SLIDING_BATCH).
+WINDOW_CACHE_BYTES = 16 << 20
 
 
 def window_batch_size(
@@ -95,11 +96,11 @@ def window_batch_size(
     """How many windows of ``window`` tokens one forward call takes: what one layer holds
     per window, float32 (the attention scores [H, W, W] four times over: content,
     position, its shifted copy, the probabilities; the activations [W, d_inner] and
-    [W, 4 d_model]), within about ``cache_bytes``; at least one (32 for the bundled
-    model's window of 64)."""
+    [W, 4 d_model]), within about ``cache_bytes`` per torch thread; at least one (16 a
+    thread for the bundled model's window of 64)."""
     c = model.config
     per_window = 4 * window * (4 * c.n_head * window + c.d_inner + 4 * c.d_model)
-    return max(1, cache_bytes // per_window)
+    return max(1, cache_bytes * torch.get_num_threads() // per_window)
 
 
 def _alone(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -189,7 +190,7 @@ def window_logits(model: TransformerXL, ids: Tensor | list[int], window: int) ->
 
 # Windows per chunk of the app's Score: small chunks are what lets a long Score pause for
 # other visitors' Steps between them (webapp/longwork.py), and a chunk of 16 windows of 64
-# is ~0.1 s on one core; each chunk runs in batches of window_batch_size.
+# is ~0.15 s on one core, one batch of window_batch_size.
 SLIDING_BATCH = 16
 
 

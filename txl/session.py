@@ -36,7 +36,9 @@ Transformer-XL); "char" in the traces below means the token's text either way.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -57,7 +59,10 @@ from .scoring import window_logits, window_scores
 # Generate's counterfactual: the windows of this many generated tokens go to the
 # model in one batch, behind the text (``Session.generate``).
 BEHIND_BATCH = 16
-BEHIND_LIMIT = 3 * BEHIND_BATCH  # tokens waiting, at most: then the text waits for them
+# The scores of the tokens waiting behind the text, at most: beyond it the text waits for
+# the oldest batch. A character model's 500 tokens hold 130 KB, never near it; a word
+# model's hold a megabyte each (267k scores), so its text runs at most 16 tokens ahead.
+BEHIND_BYTES = 16 << 20
 # A step's records: its predictions (two top-10 lists of (id, text, p): ~3 KB measured),
 # its token in the text, the ids and the memory-effect record (~41 bytes). An upper bound.
 STEP_RECORD_BYTES = 4096
@@ -160,14 +165,27 @@ class _Behind:
 
 def _counterfactual_batch(model, ids: list[int], positions: list[int], window: int) -> tuple:
     """The memory-off scores at ``positions`` of ``ids`` ([n, V], one batch), and the
-    seconds they took. Runs on the counterfactual's own thread with one torch thread."""
-    torch.set_num_threads(1)  # per OS thread: this one's
+    seconds they took. Runs on the counterfactual's own thread (one torch thread)."""
     t0 = time.perf_counter()
     scores = window_scores(model, ids, positions, window, batch_size=len(positions))
     return scores, time.perf_counter() - t0
 
 
 _behind_pool: ThreadPoolExecutor | None = None
+BEHIND_NICENESS = 5  # the counterfactual's thread yields the cores to the text (Linux)
+
+
+def _behind_thread_starts() -> None:
+    """One torch thread, and a lower priority than the thread that steps: the text comes
+    first, the counterfactual takes what is left of the cores."""
+    torch.set_num_threads(1)  # per OS thread: this one's
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BEHIND_NICENESS)
+        )
+    except (AttributeError, OSError):  # not Linux, or not allowed: the same priority
+        pass
 
 
 def _behind_worker() -> ThreadPoolExecutor:
@@ -175,7 +193,9 @@ def _behind_worker() -> ThreadPoolExecutor:
     process: a core beside the one that steps)."""
     global _behind_pool
     if _behind_pool is None:
-        _behind_pool = ThreadPoolExecutor(1, thread_name_prefix="txl-counterfactual")
+        _behind_pool = ThreadPoolExecutor(
+            1, thread_name_prefix="txl-counterfactual", initializer=_behind_thread_starts
+        )
     return _behind_pool
 
 
@@ -636,15 +656,14 @@ class Session:
 
     def _send_behind(self) -> None:
         """The tokens not yet sent go to the counterfactual's thread as one batch; with
-        BEHIND_LIMIT tokens waiting, the oldest batch is waited for (a word model's scores
-        are a megabyte a token)."""
+        more than BEHIND_BYTES of scores waiting, the oldest batch is waited for."""
         entries, self._unsent = self._unsent, []
         ids, positions = self._windows(entries)
         future = _behind_worker().submit(
             _counterfactual_batch, self.model, ids, positions, self._seg_len
         )
         self._batches.append((future, entries))
-        if len(self._pending) > BEHIND_LIMIT:
+        if len(self._pending) * self._logits.nbytes > BEHIND_BYTES:
             self._batches[0][0].result()
 
     def _fill(self, entry: _Behind, without: Tensor, ms: float) -> None:
@@ -770,7 +789,7 @@ class Session:
         last_step = 5 * c.n_layer * c.n_head * keys * 4 if steps else 0
         records = steps * STEP_RECORD_BYTES
         # the scores of the tokens waiting (each step's with memory, each batch's without)
-        behind = 2 * min(steps, BEHIND_LIMIT + BEHIND_BATCH) * logits if steps > 1 else 0
+        behind = 2 * min(steps * logits, BEHIND_BYTES + BEHIND_BATCH * logits) if steps > 1 else 0
         return kv + logits + history + last_step + records + behind
 
     @property
