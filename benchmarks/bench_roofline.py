@@ -18,7 +18,10 @@ Each path's achieved rate against them:
   / seconds, against the bandwidth;
 - a Score of 2,000 characters, all stages (reads, sweep, sliding window): seconds;
 - Generate 400 characters at memory 512: seconds until the text is out, seconds until its
-  counterfactual is done, and the cached step alone (the counterfactual off).
+  counterfactual is done, and the cached step alone (the counterfactual off);
+- ``--api``: the same Generate and Score through each checkout's app (``python app.py``,
+  gradio_client's ``/generate`` and ``/score``, to the last output), the two apps up at
+  once and asked in turn.
 
 Every measure runs in a fresh subprocess that imports ``txl`` from the checkout it times
 (this one, or ``--baseline-dir``: an older commit's ``git worktree``), the two in turn,
@@ -34,6 +37,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,12 +168,42 @@ def score_text() -> str:
     return (text * (SCORE_CHARS // len(text) + 1))[:SCORE_CHARS]
 
 
+def api_rounds(checkouts: dict, text: str, rounds: int) -> dict:
+    """Seconds to the last output of /generate (400 characters, memory 512) and /score
+    (the 2,000 characters, memory 128) of each checkout's app, ``rounds`` times in turn."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_app import api_client, start_app, stop_app
+
+    apps = {name: start_app(str(MODEL), app_dir=checkout) for name, checkout in checkouts.items()}
+    times: dict = {}
+    settings = dict(memory=True, temperature=0.8, top_k=0, top_p=1.0, seed=0)
+    try:
+        clients = {name: api_client(url, timeout=600) for name, (_, url) in apps.items()}
+        for r in range(rounds):
+            for name in list(clients) if r % 2 == 0 else reversed(list(clients)):
+                client = clients[name]
+                t0 = time.perf_counter()
+                client.predict(prompt="ROMEO:\n", n_tokens=GEN_CHARS, mem_len=GEN_MEM,
+                               **settings, api_name="/generate")  # fmt: skip
+                times.setdefault((name, "generate"), []).append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                client.predict(text, SCORE_MEM, api_name="/score")
+                times.setdefault((name, "score"), []).append(time.perf_counter() - t0)
+                print(f"round {r + 1} api {name}: generate {times[(name, 'generate')][-1]:.2f} s,"
+                      f" score {times[(name, 'score')][-1]:.2f} s", flush=True)  # fmt: skip
+    finally:
+        for proc, _ in apps.values():
+            stop_app(proc)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-dir", type=Path, required=True, help="an older checkout")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--windows", type=int, default=512, help="windows timed per measure")
     parser.add_argument("--only", nargs="*", default=["window", "step", "generate", "score"])
+    parser.add_argument("--api", action="store_true", help="also through each checkout's app")
     parser.add_argument("--json", type=Path, help="write the medians here")
     args = parser.parse_args()
     text = score_text()
@@ -197,6 +231,7 @@ def main() -> int:
                 got = run_worker(checkout, measure, threads, text, *extra)
                 runs.setdefault((label, threads, name), []).append(got)
                 print(f"round {r + 1} {label} {threads}t {name}: {json.dumps(got)}", flush=True)
+    api = api_rounds(checkouts, text, args.rounds) if args.api else {}
     load.append(os.getloadavg()[0])
 
     def median(label, threads, name, key):
@@ -249,6 +284,11 @@ def main() -> int:
         if label == "generate":
             pace = new["text_seconds"] / new["alone_seconds"]
             print(f"  generate: text / cached step alone {pace:.2f}x")
+    for what in ("generate", "score"):
+        if api:
+            new, old = api[("this", what)], api[("baseline", what)]
+            print(f"  api {what}: {new:.2f} s against {old:.2f} s: {new / old:.2f}x")
+            out[f"api {what}"] = {"this": new, "baseline": old}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

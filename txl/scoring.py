@@ -80,13 +80,12 @@ def split_streams(ids: Tensor, n_streams: int) -> Tensor:
 # ---- the vanilla baseline: a sliding window, recomputed for every token ----------------
 
 # The working set of one batch of windows (one layer's activations and attention scores)
-# the batch size aims at, per torch thread: half the last-level cache of the machines this
-# runs on (32 MB: an AMD EPYC's L3), so that a layer's products read their operands from
-# cache. Measured on the 2-core EPYC, the bundled model, window 64, best of 6 rounds, one
-# thread: 16 windows a call 8.0-8.7 ms a window, 32 8.4-9.4, 64 8.8-9.8 (the same as the
-# one-window-at-a-time code's forward at those sizes); two threads gained from larger
-# batches (32: 27, 128: 21 ms a window beside a training run). The app's Score asks for
-# 16 at a time anyway (SLIDING_BATCH).
+# the batch size aims at: half the last-level cache of the machines this runs on (32 MB:
+# an AMD EPYC's L3), so that a layer's products read their operands from cache. Measured
+# on the 2-core EPYC, the bundled model, window 64, best of 6 rounds, one thread: 16
+# windows a call 8.0-8.7 ms a window, 32 8.4-9.4, 64 8.8-9.8 (the one-window-at-a-time
+# code's forward the same at those sizes). More threads take a batch each
+# (``window_batches``).
 WINDOW_CACHE_BYTES = 16 << 20
 
 
@@ -96,11 +95,11 @@ def window_batch_size(
     """How many windows of ``window`` tokens one forward call takes: what one layer holds
     per window, float32 (the attention scores [H, W, W] four times over: content,
     position, its shifted copy, the probabilities; the activations [W, d_inner] and
-    [W, 4 d_model]), within about ``cache_bytes`` per torch thread; at least one (16 a
-    thread for the bundled model's window of 64)."""
+    [W, 4 d_model]), within about ``cache_bytes``; at least one (16 for the bundled
+    model's window of 64)."""
     c = model.config
     per_window = 4 * window * (4 * c.n_head * window + c.d_inner + 4 * c.d_model)
-    return max(1, cache_bytes * torch.get_num_threads() // per_window)
+    return max(1, cache_bytes // per_window)
 
 
 def _alone(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -166,9 +165,22 @@ def window_batches(
         full = positions[~short]
         starts = full.to(device) - window  # window i is ids[starts[i] : starts[i] + W]
         batch_size = batch_size or window_batch_size(model, window)
-        for a in range(0, full.numel(), batch_size):
-            rows = starts[a : a + batch_size, None] + torch.arange(window, device=device)
-            yield full[a : a + batch_size], window_forward(model, ids[rows])  # [n, W] -> [n, V]
+        offsets = torch.arange(window, device=device)
+        batches = [
+            (a, min(a + batch_size, full.numel())) for a in range(0, full.numel(), batch_size)
+        ]
+        # With n torch threads, n batches side by side, one core and one thread each: each
+        # product stays in its core's cache, where one batch over n threads shares it out
+        # (2 threads: 17-33 ms a window against 10 ms on one, measured).
+        at_once = torch.get_num_threads() if device.type == "cpu" else 1
+        for g in range(0, len(batches), at_once):
+            group = batches[g : g + at_once]
+            tasks = [
+                lambda a=a, b=b: window_forward(model, ids[starts[a:b, None] + offsets])
+                for a, b in group
+            ]  # each [n, W] -> [n, V]
+            for (a, b), scores in zip(group, side_by_side(tasks, at_once)):
+                yield full[a:b], scores
     finally:
         model.train(was_training)
 
@@ -189,9 +201,10 @@ def window_logits(model: TransformerXL, ids: Tensor | list[int], window: int) ->
 
 
 # Windows per chunk of the app's Score: small chunks are what lets a long Score pause for
-# other visitors' Steps between them (webapp/longwork.py), and a chunk of 16 windows of 64
-# is ~0.15 s on one core, one batch of window_batch_size.
-SLIDING_BATCH = 16
+# other visitors' Steps between them (webapp/longwork.py). A chunk of 32 windows of 64 is
+# two batches of window_batch_size: ~0.3 s on one core, or side by side on two (when
+# longwork gives the chunk two threads) ~0.15 s.
+SLIDING_BATCH = 32
 
 
 def sliding_chunks(n_tokens: int, window: int, batch_size: int = SLIDING_BATCH):
