@@ -494,6 +494,29 @@ def test_invalid_constructor_arguments(peaky, kwargs):
         Session(peaky, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [dict(temperature=-1), dict(top_k=-1), dict(top_p=0), dict(seed=2**64), dict(mem_len=-1)],
+)
+def test_configure_checks_every_setting_before_it_changes_any(peaky, bad):
+    """The last setting wrong: not even the memory, switched off first, has changed."""
+    s = Session(peaky, mem_len=5, seg_len=3, temperature=0.5, top_k=3, top_p=0.9, seed=2)
+    s.start("abcdefg")
+    before = state(s)
+    good = dict(memory=False, mem_len=2, temperature=1.0, top_k=1, top_p=0.5, seed=7)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        s.configure(**{**good, **bad})
+    assert same_state(before, state(s))
+    s.configure(**good)
+    assert (s.memory, s.mem_len, s.temperature, s.top_k, s.top_p, s.seed) == tuple(good.values())
+    s.step()  # the sampler moves on from seed 7 ...
+    moved = s.generator.get_state()
+    s.configure(seed=7)  # ... and the session's own seed again does not restart it
+    assert torch.equal(s.generator.get_state(), moved)
+    s.set_seed(7)  # (set_seed does)
+    assert not torch.equal(s.generator.get_state(), moved)
+
+
 def test_valid_settings_apply(peaky):
     s = Session(peaky)
     assert (s.mem_len, s.seg_len) == (6, 4)  # the config's mem_len and tgt_len
