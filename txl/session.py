@@ -151,6 +151,10 @@ class _Record:
         self.bytes, self.kept = nbytes, True
 
 
+# one _Record: the object and its size (an int object of its own: a record is > 256 bytes)
+_RECORD_BYTES = sys.getsizeof(_Record(0)) + sys.getsizeof(2**20)
+
+
 @dataclass
 class _Behind:
     """A generated token whose counterfactual is still to come (``Session.generate``)."""
@@ -769,7 +773,11 @@ class Session:
         # character model keeps an empty list: its text is its pieces)
         pieces = sys.getsizeof(self._pieces) + 57 * len(self._pieces)
         effect = sum(sys.getsizeof(a) for a in vars(self.memory_effect).values())
-        return ids + text + pieces + effect + self._history_records + plain_bytes(self.last_trace)
+        # the bookkeeping: each history step's record size, the counterfactuals' queues
+        books = sys.getsizeof(self._record_sizes) + _RECORD_BYTES * len(self._record_sizes)
+        books += sum(sys.getsizeof(q) for q in (self._pending, self._unsent, self._batches))
+        history = self._history_records + books
+        return ids + text + pieces + effect + history + plain_bytes(self.last_trace)
 
     def growth(self, mem_len: int, steps: int) -> int:
         """The most this session's footprint can grow in a request run with memory length
