@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from txl import TransformerXL  # noqa: E402
 from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
-from txl.moments import find_moments  # noqa: E402
+from txl.moments import find_moments, passage_record  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "weights" / "shakespeare-char"
 DEFAULT_OUT = ROOT / "webapp" / "tabs" / "memory_moments.json"
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         "context": args.context,
         "positions": [max(a, args.context), b],
         "seconds": round(seconds, 1),
-        "moments": [{**m.as_dict(), "after": what_follows(val, m.position)} for m in moments],
+        "moments": [{**passage_record(m), "after": what_follows(val, m.position)} for m in moments],
     }
     args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     for m in moments:
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
             f"  position {m.position:>7,}  {m.char!r:>5}  "
             f"memory {m.bits_memory:6.3f} bits (rank {m.rank_memory:>2})  "
             f"window {m.bits_window:6.3f} bits (rank {m.rank_window:>2})  "
-            f"saved {m.bits_saved:6.3f}   ...{m.passage[-30:]!r} + "
+            f"saved {m.bits_saved:6.3f}   ...{m.context[-30:]!r} + "
             f"{val[m.position : m.position + 20]!r}"
         )
     print(f"wrote {shown_path(args.out)} in {seconds:.0f} s")

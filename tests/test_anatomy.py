@@ -34,7 +34,6 @@ from txl.cached import KVMemory, cached_forward
 from txl.convert import convert_folder
 from txl.session import Session
 from webapp import anatomy_viz
-from webapp.offload import reload, unload
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL64 = 1e-10
@@ -401,9 +400,9 @@ def test_an_unloaded_session_hands_over_the_last_steps_terms():
     s = Session(model, mem_len=6)
     s.start("hello world.\n")
     terms = s.step().terms.copy()
-    tensors = unload(s)
+    tensors = s.export_state()
     assert s.last_trace.terms is None and "last_trace.terms" in tensors
-    reload(s, tensors)
+    s.import_state(tensors)
     np.testing.assert_array_equal(s.last_trace.terms, terms)
 
 

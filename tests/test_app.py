@@ -23,6 +23,7 @@ from gradio_client import Client  # noqa: E402
 import app  # noqa: E402
 from benchmarks.bench_app import api_client  # noqa: E402
 from txl import TransformerXL, TXLConfig  # noqa: E402
+from txl.scoring import score_text  # noqa: E402
 from txl.session import Session  # noqa: E402
 from webapp import serve as webapp_serve  # noqa: E402
 from webapp.serve import Settings  # noqa: E402
@@ -366,7 +367,7 @@ def test_score(client):
 def test_score_numbers_equal_a_direct_score(server, client):
     txl_app = server[1]
     numbers = client.predict(text=SCORE_TEXT, mem_len=MEM_LEN // 2, api_name="/score")[2]
-    direct = Session(txl_app.service.default_model, mem_len=MEM_LEN // 2).score(SCORE_TEXT)
+    direct = score_text(txl_app.service.default_model, SCORE_TEXT, mem_len=MEM_LEN // 2)
     expected = {
         "segments_alone": direct.bpc_without,
         "sliding_window": direct.bpc_sliding,
@@ -395,7 +396,7 @@ def test_score_moments_are_the_top_5_of_direct_per_character_differences(server,
         assert m["context"] == MOMENTS_TEXT[max(0, p - 40) : p + 41]
         assert m["bits_saved"] == pytest.approx(m["bits_window"] - m["bits_memory"], abs=2e-4)
     model = server[1].service.default_model
-    direct = Session(model, mem_len=MEM_LEN).score(MOMENTS_TEXT)  # the arrays, in-process
+    direct = score_text(model, MOMENTS_TEXT, mem_len=MEM_LEN)  # the arrays, in-process
     saved = direct.bits_sliding.astype(float) - direct.bits_with
     assert [m["position"] for m in moments] == (1 + (-saved).argsort(kind="stable")[:5]).tolist()
     for m in moments:

@@ -23,15 +23,14 @@ import app
 from tests.test_app import MEM_LEN, SEG_LEN, VOCAB
 from txl import TransformerXL, TXLConfig
 from txl.cached import KVMemory, position_table_growth
-from txl.session import Session
+from txl.session import STEP_RECORD_BYTES, Session
 from webapp.budget import (
-    STEP_RECORD_BYTES,
     BudgetError,
     MemoryBudget,
     growth_bytes,
     model_cache_bytes,
+    resident_bytes,
 )
-from webapp.offload import is_unloaded, record_bytes, reload, resident_bytes, unload
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "ROMEO:\nBut soft! what light through yonder window breaks? It is the east. "
@@ -76,7 +75,7 @@ def kept(s: Session) -> int:
     """What a session keeps in RAM while its memory is on disk: its records and the last
     step's attention (resident_bytes once unloaded)."""
     last = s.last_trace
-    return record_bytes(s) + last.attentions.nbytes + last.key_positions.nbytes
+    return s.footprint().records + last.attentions.nbytes + last.key_positions.nbytes
 
 
 def room(model, sessions: list[Session], in_ram: int, spare: float) -> int:
@@ -142,15 +141,15 @@ def test_unload_and_reload_continue_exactly(model, tmp_path):
     s, alone = started(model, 1), started(model, 1)
     before = resident_bytes(s)
     kv_before = {k: t.clone() for k, t in s.kv.to_tensors().items()}
-    tensors = unload(s)
-    assert is_unloaded(s) and s.kv is None and s.next_logits is None and not s.history
+    tensors = s.export_state()
+    assert s.exported and s.kv is None and s.next_logits is None and not s.history
     last = s.last_trace  # its attention stays (Export reads it), and the records
-    stays = last.attentions.nbytes + last.key_positions.nbytes + record_bytes(s)
+    stays = last.attentions.nbytes + last.key_positions.nbytes + s.footprint().records
     assert resident_bytes(s) == stays < before
     save_file(tensors, tmp_path / "s.safetensors")
     del tensors
-    reload(s, load_file(tmp_path / "s.safetensors"))
-    assert not is_unloaded(s) and resident_bytes(s) == before
+    s.import_state(load_file(tmp_path / "s.safetensors"))
+    assert not s.exported and resident_bytes(s) == before
     kv_after = s.kv.to_tensors()
     assert kv_after.keys() == kv_before.keys()
     assert all(same_bits(kv_after[k], kv_before[k]) for k in kv_before)  # spare room too
@@ -169,7 +168,6 @@ import gc, json, sys, tracemalloc
 import torch
 from txl import TransformerXL
 from txl.session import Session
-from webapp.offload import record_bytes, unload
 
 torch.set_num_threads(1)
 folder, prompt, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -180,7 +178,7 @@ def unloaded_session():
     s.start(prompt * 12)
     for _ in range(steps):
         s.step()
-    unload(s)  # its tensors are handed over and dropped here
+    s.export_state()  # its tensors are handed over and dropped here
     return s
 
 unloaded_session()  # the first fills whatever a step caches for good
@@ -191,7 +189,7 @@ s = unloaded_session()
 gc.collect()
 kept = tracemalloc.get_traced_memory()[0] - before
 tracemalloc.stop()
-print(json.dumps({"kept": kept, "record_bytes": record_bytes(s)}))
+print(json.dumps({"kept": kept, "record_bytes": s.footprint().records}))
 """
 
 
@@ -278,14 +276,14 @@ def test_least_recently_used_goes_to_disk_first_and_comes_back_exactly(model):
     assert budget.offloads == 0
     use(budget, c, locks[id(c)])  # a is the least recently used
     assert budget.is_offloaded(a) and not budget.is_offloaded(b)
-    assert is_unloaded(a) and len(budget.files()) == 1
+    assert a.exported and len(budget.files()) == 1
     # a still counts what it keeps in RAM; the model's table counts once
     assert 0 < resident_bytes(a) == kept(a)
     everything = model_cache_bytes(model) + sum(resident_bytes(x) for x in (a, b, c))
     assert budget.in_ram() == everything <= budget.limit
     restored = use(budget, a, locks[id(a)], steps=0)  # b now the least recently used
     assert restored is not None and restored >= 0
-    assert not is_unloaded(a) and budget.is_offloaded(b) and not budget.is_offloaded(c)
+    assert not a.exported and budget.is_offloaded(b) and not budget.is_offloaded(c)
     assert len(budget.files()) == 1 and budget.restores == 1
     for x in (a, b, c):  # each in turn: the others go to disk and come back
         for _ in range(5):
@@ -339,7 +337,7 @@ def test_full_disk_or_busy_sessions_refuse_with_nothing_changed(model):
     use(budget, a, la)
     with pytest.raises(BudgetError, match="TXL_OFFLOAD_DISK_MB"):
         use(budget, b, lb, steps=1)
-    assert not is_unloaded(a) and budget.files() == []
+    assert not a.exported and budget.files() == []
     same_memory(b, b_alone)
     budget.disk_limit = 2**30
     with la, pytest.raises(BudgetError, match="in use right now"):  # a is busy
@@ -347,7 +345,7 @@ def test_full_disk_or_busy_sessions_refuse_with_nothing_changed(model):
     same_memory(b, b_alone)
     use(budget, b, lb, steps=1)  # a idle again: it goes to disk, b runs
     b_alone.step()
-    assert is_unloaded(a) and torch.equal(b.next_logits, b_alone.next_logits)
+    assert a.exported and torch.equal(b.next_logits, b_alone.next_logits)
 
 
 def test_a_damaged_file_clears_the_session_with_a_message(model):
@@ -358,7 +356,7 @@ def test_a_damaged_file_clears_the_session_with_a_message(model):
     budget.files()[0].write_bytes(b"not a safetensors file")
     with pytest.raises(BudgetError, match="could not be read back"):
         use(budget, a, la)
-    assert not is_unloaded(a) and a.text == "" and a.kv is not None
+    assert not a.exported and a.text == "" and a.kv is not None
     assert not budget.is_offloaded(a)
 
 
@@ -399,22 +397,22 @@ def test_app_shows_the_restore_and_refuses_what_cannot_fit(folder, monkeypatch):
     a, status = step(txl_app, None, 0)
     assert "restored" not in status
     b, _ = step(txl_app, None, 1)  # a new session holds nothing yet: it fits beside a
-    assert not is_unloaded(a.session)
+    assert not a.session.exported
     b, _ = step(txl_app, b, 1)  # now a goes to disk
-    assert is_unloaded(a.session)
+    assert a.session.exported
     a, status = step(txl_app, a, 0)  # and comes back
-    assert "memory restored from disk in" in status and not is_unloaded(a.session)
+    assert "memory restored from disk in" in status and not a.session.exported
     c, _ = step(txl_app, None, 2)
     c, _ = step(txl_app, c, 2)  # b, the least recently used, goes to disk
-    assert is_unloaded(b.session)
+    assert b.session.exported
     text_view, attention, *_ = txl_app.watch.redraw(0, None, None, b)  # the history slider
-    assert not is_unloaded(b.session) and attention is not None and b.session.history
+    assert not b.session.exported and attention is not None and b.session.history
     too_small = app.Demo.serving(folder, model_dirs=[], budget=MemoryBudget(need // 4))
     with pytest.raises(gr.Error, match="whole memory budget"):
         step(too_small, None, 0)
     # expiry removes the file of a session whose memory is on disk
     txl_app.service.visitors.ttl = 0
-    assert any(is_unloaded(x.session) for x in (a, b, c)) and txl_app.service.budget.files()
+    assert any(x.session.exported for x in (a, b, c)) and txl_app.service.budget.files()
     txl_app.service.visitors.sweep()
     assert all(x.expired for x in (a, b, c)) and txl_app.service.budget.files() == []
 

@@ -171,8 +171,8 @@ def test_find_moments_picks_the_largest_savings_of_direct_reads(tmp_path):
     assert found[0].bits_saved >= found[1].bits_saved
     for m in found:
         # Each measured on its passage alone, as a Step from that prompt would see it.
-        assert m.passage == text[m.start : m.position] and m.char == text[m.position]
-        alone = m.passage + m.char
+        assert m.context == text[m.context_start : m.position] and m.char == text[m.position]
+        alone = m.context + m.char
         targets, memory, window = direct_reads(model, alone, SEG_LEN, MEM_LEN, len(alone) - 1)
         assert m.bits_memory == pytest.approx(bits(targets, memory)[-1], abs=1e-4)
         assert m.bits_window == pytest.approx(bits(targets, window)[-1], abs=1e-4)

@@ -18,7 +18,6 @@ from txl import TransformerXL, TXLConfig
 from txl.predictions import TOP_K, MemoryEffect
 from txl.session import Session
 from webapp import watch_viz
-from webapp.offload import reload, unload
 
 PROMPT = "ROMEO:\nI"  # 8 characters
 
@@ -149,9 +148,9 @@ def test_history_and_offload_keep_each_steps_predictions():
         assert kept.position == traces[-1 - back].position
         assert kept.predictions == traces[-1 - back].predictions
     effect = (list(s.memory_effect.positions), s.memory_effect.bits_saved())
-    tensors = unload(s)
+    tensors = s.export_state()
     assert not any("predictions" in k for k in tensors)  # plain data: stays in RAM
-    reload(s, {k: v.clone() for k, v in tensors.items()})
+    s.import_state({k: v.clone() for k, v in tensors.items()})
     assert [s.past_trace(b).predictions for b in range(8)] == [
         t.predictions for t in traces[::-1][:8]
     ]

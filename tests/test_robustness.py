@@ -40,6 +40,7 @@ from tests.raw_api import call  # noqa: E402
 from tests.test_app import MEM_LEN, SEG_LEN, VOCAB, new_client, serve, tiny_model  # noqa: E402
 from txl import TransformerXL  # noqa: E402
 from txl.hub import CONFIG_NAME, WEIGHTS_NAME  # noqa: E402
+from txl.scoring import score_text  # noqa: E402
 from txl.session import Session  # noqa: E402
 from txl.tokenizer import CharTokenizer, UnknownCharactersError  # noqa: E402
 from webapp import serve as webapp_serve  # noqa: E402
@@ -878,6 +879,8 @@ def run_op(s: Session, op: str, value):
                 break
     elif op in ("step", "reset", "memory_info"):
         getattr(s, op)()
+    elif op == "score":  # with the session's settings; its text and memory untouched
+        score_text(s.model, value, s.seg_len, s.mem_len)
     else:
         getattr(s, op)(value)
 

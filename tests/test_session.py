@@ -23,6 +23,7 @@ import txl.session
 from tests.tolerance import ROW_SUM, SAME_SUMS, assert_ulps_close
 from txl import TransformerXL, TXLConfig
 from txl.evaluate import evaluate_loss
+from txl.scoring import context_sweep, score_stages, score_text
 from txl.session import Session
 
 VOCAB = list("abcdefgh \n")  # no "?": unknown characters are dropped
@@ -493,6 +494,29 @@ def test_invalid_constructor_arguments(peaky, kwargs):
         Session(peaky, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [dict(temperature=-1), dict(top_k=-1), dict(top_p=0), dict(seed=2**64), dict(mem_len=-1)],
+)
+def test_configure_checks_every_setting_before_it_changes_any(peaky, bad):
+    """The last setting wrong: not even the memory, switched off first, has changed."""
+    s = Session(peaky, mem_len=5, seg_len=3, temperature=0.5, top_k=3, top_p=0.9, seed=2)
+    s.start("abcdefg")
+    before = state(s)
+    good = dict(memory=False, mem_len=2, temperature=1.0, top_k=1, top_p=0.5, seed=7)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        s.configure(**{**good, **bad})
+    assert same_state(before, state(s))
+    s.configure(**good)
+    assert (s.memory, s.mem_len, s.temperature, s.top_k, s.top_p, s.seed) == tuple(good.values())
+    s.step()  # the sampler moves on from seed 7 ...
+    moved = s.generator.get_state()
+    s.configure(seed=7)  # ... and the session's own seed again does not restart it
+    assert torch.equal(s.generator.get_state(), moved)
+    s.set_seed(7)  # (set_seed does)
+    assert not torch.equal(s.generator.get_state(), moved)
+
+
 def test_valid_settings_apply(peaky):
     s = Session(peaky)
     assert (s.mem_len, s.seg_len) == (6, 4)  # the config's mem_len and tgt_len
@@ -509,7 +533,7 @@ def test_score_agrees_with_evaluate(peaky):
     s = Session(peaky, mem_len=6, seg_len=4)
     s.start("abc")
     before = state(s)
-    result = s.score(TEXT)
+    result = score_text(peaky, TEXT, seg_len=4, mem_len=6)
     assert same_state(before, state(s))  # the session's text and memory are untouched
 
     ids = torch.tensor(peaky.tokenizer.encode(TEXT))
@@ -529,8 +553,7 @@ def test_score_agrees_with_evaluate(peaky):
 
 def test_score_agrees_with_evaluate_on_shipped_or_tiny(shipped_or_tiny):
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak.\n" * 3
-    s = Session(shipped_or_tiny)  # the config's seg_len and mem_len
-    result = s.score(text)
+    result = score_text(shipped_or_tiny, text)  # the config's seg_len and mem_len
     ids = torch.tensor(shipped_or_tiny.tokenizer.encode(text))
     cfg = shipped_or_tiny.config
     loss = evaluate_loss(shipped_or_tiny, ids, cfg.tgt_len, cfg.mem_len, n_streams=1)
@@ -539,11 +562,10 @@ def test_score_agrees_with_evaluate_on_shipped_or_tiny(shipped_or_tiny):
 
 
 def test_score_drops_unknowns_and_handles_short_texts(peaky):
-    s = Session(peaky)
-    result = s.score("abXcZ")
+    result = score_text(peaky, "abXcZ")
     assert result.dropped == ["X", "Z"] and result.chars == ["b", "c"]
     for text in ("", "a", "XYZ"):
-        result = s.score(text)
+        result = score_text(peaky, text)
         assert result.bits_with.shape == (0,) and math.isnan(result.bpc_with)
 
 
@@ -583,8 +605,7 @@ def test_any_text_feeds_cleanly(prompt, more, vocab, memory):
 def test_score_carries_the_sliding_window_and_times(peaky):
     from tests.test_evaluate import direct_sliding
 
-    s = Session(peaky, mem_len=6, seg_len=4)
-    result = s.score(TEXT)
+    result = score_text(peaky, TEXT, seg_len=4, mem_len=6)
     ids = torch.tensor(peaky.tokenizer.encode(TEXT))
     expected = direct_sliding(peaky, ids, 4) / math.log(2)  # window = seg_len, in bits
     assert_ulps_close(result.bits_sliding, expected, SAME_SUMS)
@@ -597,13 +618,13 @@ def test_score_carries_the_sliding_window_and_times(peaky):
     assert_ulps_close(result.bits_sliding[:3], result.bits_without[:3], SAME_SUMS)
     # After it the window always sees 4 chars, a segment read alone only 1..4.
     assert not np.allclose(result.bits_sliding[4:], result.bits_without[4:], atol=1e-3)
-    assert math.isnan(s.score(TEXT, sliding=False).bpc_sliding)
+    assert math.isnan(score_text(peaky, TEXT, 4, 6, sliding=False).bpc_sliding)
 
 
 def test_score_three_ways_agree_when_one_segment_holds_the_text(peaky):
     """seg_len >= the text: one segment, nothing before it: the window, the segment alone
     and the segment with memory all see every earlier char."""
-    result = Session(peaky, mem_len=6, seg_len=len(TEXT)).score(TEXT)
+    result = score_text(peaky, TEXT, seg_len=len(TEXT), mem_len=6)
     assert_ulps_close(result.bits_with, result.bits_without, SAME_SUMS)
     assert_ulps_close(result.bits_sliding, result.bits_without, SAME_SUMS)
     assert result.bits_sliding.shape == (len(TEXT) - 1,)
@@ -643,8 +664,7 @@ def test_moments_are_the_top_5_of_direct_per_character_savings(peaky):
     """ScoreResult.moments(): the characters where memory saved the most bits over the
     sliding window, exactly the top 5 of the score's own per-character arrays, and the top
     5 of the same savings recomputed by direct forwards."""
-    s = Session(peaky, mem_len=6, seg_len=4)
-    result = s.score(TEXT)
+    result = score_text(peaky, TEXT, seg_len=4, mem_len=6)
     moments = result.moments()
     saved = result.bits_sliding.astype(np.float64) - result.bits_with
     top = 1 + np.argsort(-saved, kind="stable")[:5]
@@ -662,13 +682,13 @@ def test_moments_are_the_top_5_of_direct_per_character_savings(peaky):
     narrow = result.moments(k=2, context=3)
     assert [m.position for m in narrow] == top[:2].tolist()
     assert narrow[0].context == TEXT[max(0, top[0] - 3) : top[0] + 4]
-    assert s.score(TEXT, sliding=False).moments() is None  # no window: no moments
-    assert Session(peaky).score("a").moments() == []
+    assert score_text(peaky, TEXT, 4, 6, sliding=False).moments() is None  # no window
+    assert score_text(peaky, "a").moments() == []
 
 
 def test_score_of_short_texts_has_empty_sliding_bits(peaky):
     for text in ("", "a", "XYZ"):
-        result = Session(peaky).score(text)
+        result = score_text(peaky, text)
         assert result.bits_sliding.shape == (0,) and math.isnan(result.bpc_sliding)
 
 
@@ -678,7 +698,6 @@ def test_score_stages_come_fastest_first_and_end_in_the_whole_score(peaky):
     numbers as score() and context_sweep(), which read the text in one go."""
     from txl.scoring import SLIDING_BATCH
 
-    s = Session(peaky, mem_len=6, seg_len=4)
     text = TEXT * 2  # more windows than one sliding chunk holds
     assert len(text) - 1 - 4 > SLIDING_BATCH
     paced = []
@@ -688,7 +707,7 @@ def test_score_stages_come_fastest_first_and_end_in_the_whole_score(peaky):
         paced.append(work)
         yield 2 if tasks > 1 else 1  # the reads two by two, side by side
 
-    stages = list(s.score_stages(text, pace=pace))
+    stages = list(score_stages(peaky, text, seg_len=4, mem_len=6, pace=pace))
     kinds = [stage.kind for stage in stages]
     n_sliding = kinds.count("sliding")
     assert kinds == ["reads", "sweep"] + ["sliding"] * n_sliding + ["done"] and n_sliding > 1
@@ -704,11 +723,11 @@ def test_score_stages_come_fastest_first_and_end_in_the_whole_score(peaky):
     assert paced[:reads_chunks] == [None] * reads_chunks  # the sliding chunks say their size
     assert all(0 < work <= SLIDING_BATCH for work in paced[reads_chunks:])
 
-    whole = s.score(text)
+    whole = score_text(peaky, text, seg_len=4, mem_len=6)
     assert_ulps_close(done.result.bits_sliding, whole.bits_sliding, SAME_SUMS)
     assert_ulps_close(done.result.bits_with, whole.bits_with, SAME_SUMS)
     assert_ulps_close(done.result.bits_without, whole.bits_without, SAME_SUMS)
-    direct = s.context_sweep(text)
+    direct = context_sweep(peaky, text, seg_len=4)
     assert done.sweep.mem_lens == direct.mem_lens
     assert_ulps_close(done.sweep.bpc, direct.bpc, SAME_SUMS, dtype=torch.float32)
     assert done.sweep.effective == direct.effective
@@ -729,7 +748,7 @@ def test_score_stages_stop_where_pace_raises(peaky):
             raise Stop
         yield 1
 
-    stages = Session(peaky, mem_len=6, seg_len=4).score_stages(TEXT, pace=pace)
+    stages = score_stages(peaky, TEXT, seg_len=4, mem_len=6, pace=pace)
     assert next(stages).kind == "reads"
     cancelled.append(True)
     with pytest.raises(Stop):
@@ -742,7 +761,7 @@ def test_context_sweep_lengths_and_effective_context(peaky):
 
     s = Session(peaky, mem_len=6, seg_len=4)
     before = state(s)
-    sweep = s.context_sweep(TEXT, (8, 0, 2, 8))
+    sweep = context_sweep(peaky, TEXT, 4, (8, 0, 2, 8))
     assert same_state(before, state(s))
     assert sweep.mem_lens == [0, 2, 8] and len(sweep.bpc) == len(sweep.seconds) == 3
     ids = torch.tensor(peaky.tokenizer.encode(TEXT))
@@ -750,9 +769,9 @@ def test_context_sweep_lengths_and_effective_context(peaky):
         loss = evaluate_loss(peaky, ids, 4, n, n_streams=1)
         assert_ulps_close(bpc * math.log(2), loss, SAME_SUMS, dtype=torch.float32)
     assert sweep.effective == effective_context(sweep.mem_lens, sweep.bpc, 0.01)
-    assert Session(peaky).context_sweep("ab").mem_lens == list(CONTEXT_SWEEP_LENGTHS)
+    assert context_sweep(peaky, "ab").mem_lens == list(CONTEXT_SWEEP_LENGTHS)
     with pytest.raises(ValueError):
-        s.context_sweep(TEXT, (0, -1))
+        context_sweep(peaky, TEXT, 4, (0, -1))
 
 
 def test_effective_context_rule():

@@ -27,6 +27,7 @@ from tests.test_app import new_client
 from tests.tolerance import AGAINST_REFERENCE, REFERENCE_FLOOR, ROW_SUM, assert_ulps_close
 from txl import TransformerXL
 from txl.hub import TXLLoadError
+from txl.scoring import score_text
 from txl.session import Session
 from webapp.figures import token_label
 
@@ -153,7 +154,7 @@ def test_a_word_session_writes_words(hub_files, caches):
     assert (last.attentions[:, :, 0] == 0).all()  # same_length hides the oldest: 12 keys seen
     labels = [token_label(s.pieces[p]) for p in last.key_positions]
     assert all(label in WORDS or label == "\n" for label in labels)
-    result = s.score("the city was word3 , the city was word3 .")
+    result = score_text(model, "the city was word3 , the city was word3 .", s.seg_len, s.mem_len)
     assert len(result.chars) == 9 and result.bits_with.shape == (9,)  # 10 words
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -42,9 +41,7 @@ import torch
 from .data import load_text, train_val_split
 from .model import TransformerXL
 from .recall import DISTANCES, format_recall, progress_before, recall_probe, recall_summary
-from .scoring import memory_nll, sliding_nll, split_streams, stream_nll
-
-LN2 = math.log(2)
+from .scoring import LN2, memory_nll, sliding_nll, split_streams, stream_nll
 
 
 def evaluate_loss(

@@ -21,41 +21,30 @@ sees are exact:
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-
 import torch
 from torch import Tensor
 
 from .model import TransformerXL
-from .predictions import log_probs, window_logits
-from .scoring import memory_nll, sliding_nll
+from .predictions import log_probs
+from .scoring import LN2, Moment, memory_nll, sliding_nll, window_logits
 from .session import Session
 
-LN2 = math.log(2)
 LINE_SEARCH = 80  # a passage starts at a line start found within this many characters
 
 
-@dataclass
-class Moment:
-    """One character memory predicted far better than the window, and its passage
-    ``text[start:position]`` (the prompt that makes one Step predict it)."""
-
-    position: int  # index of the character in the text scanned
-    start: int  # index of the passage's first character
-    char: str
-    passage: str
-    bits_memory: float  # -log2 p(char) after the passage read with memory
-    bits_window: float  # -log2 p(char) from the seg_len characters before it alone
-    rank_memory: int  # 1 + how many characters are likelier than it, with memory
-    rank_window: int  # ... through the window
-
-    @property
-    def bits_saved(self) -> float:
-        return self.bits_window - self.bits_memory
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "bits_saved": self.bits_saved}
+def passage_record(m: Moment) -> dict:
+    """A passage's entry of the moments report (weights/.../memory_moments.json)."""
+    return {
+        "position": m.position,
+        "start": m.context_start,
+        "char": m.char,
+        "passage": m.context,
+        "bits_memory": m.bits_memory,
+        "bits_window": m.bits_window,
+        "rank_memory": m.rank_memory,
+        "rank_window": m.rank_window,
+        "bits_saved": m.bits_saved,
+    }
 
 
 def scan(
@@ -100,11 +89,11 @@ def measure(
     through_window = log_probs(window_logits(model, session.ids, seg_len))  # [V]
     return Moment(
         position,
-        start,
         char,
-        passage,
         bits_memory=-with_memory[token].item() / LN2,
         bits_window=-through_window[token].item() / LN2,
+        context=passage,
+        context_start=start,
         rank_memory=1 + int((with_memory > with_memory[token]).sum()),
         rank_window=1 + int((through_window > through_window[token]).sum()),
     )
@@ -174,7 +163,7 @@ def find_moments(
     progress(f"measured {len(measured)} passages as the Watch tab reads them")
     best = pick_disjoint(
         [m.bits_saved for m in measured],
-        [m.start for m in measured],
+        [m.context_start for m in measured],
         [m.position for m in measured],
         k,
     )

@@ -3,7 +3,8 @@
 At each step the session samples a token from its pending logits: with memory on, the
 model's scores after the last token, which attended over the memory. The counterfactual
 is the same model on only the last ``seg_len`` tokens before the new one, with no memory:
-exactly what a memory-off Step would have computed at that point (``window_logits``).
+exactly what a memory-off Step would have computed at that point (``txl.scoring.window_logits``;
+a Generate computes them many at once, behind its text: ``window_batches``).
 Both are read as the model's own distributions, softmax at temperature 1, before top-k or
 top-p, so that they compare across sampling settings:
 
@@ -33,10 +34,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .cached import cached_forward
+from .scoring import LN2
 
 TOP_K = 10  # tokens shown in each bar list
-LN2 = math.log(2)
 
 
 def log_probs(logits: Tensor) -> Tensor:
@@ -61,19 +61,6 @@ def kl_bits(logp_with: Tensor, logp_without: Tensor) -> float:
     p_with = logp_with.exp()
     terms = torch.where(p_with > 0, p_with * (logp_with - logp_without), 0.0)
     return max(0.0, float(terms.sum()) / LN2)
-
-
-@torch.no_grad()
-def window_logits(model, ids: list[int], seg_len: int) -> Tensor:
-    """[V] next-token scores of the memory-off model after ``ids``: the last ``seg_len``
-    tokens alone, from scratch, no memory. The same call as a memory-off Session's
-    (``Session._forward_window``): mem_len = the window, so that same_length hides
-    nothing inside it. Costs one forward over seg_len tokens (O(seg_len^2) attention)."""
-    window = ids[-seg_len:]
-    device = next(model.parameters()).device
-    x = torch.tensor([window], dtype=torch.long, device=device)  # [1, W]
-    out = cached_forward(model, x, None, mem_len=len(window), last_only=True)
-    return out.logits[0, -1]  # [V]
 
 
 @dataclass
@@ -123,25 +110,35 @@ def predictions(
     k: int = TOP_K,
 ) -> Predictions:
     """A step's Predictions from its two sets of logits ([V] each; ``logits_without`` None
-    when memory is off). ``token_text(id)`` gives a token's text (a character, a word)."""
+    when memory is off, or still to come: ``add_counterfactual``). ``token_text(id)``
+    gives a token's text (a character, a word)."""
     lp_with = log_probs(logits_with)
-
-    def named(top):
-        return [(i, token_text(i), p) for i, p in top]
-
     result = Predictions(
         chosen=chosen,
         chosen_text=token_text(chosen),
-        with_memory=named(top_tokens(lp_with, k)),
+        with_memory=_named(top_tokens(lp_with, k), token_text),
         p_with=math.exp(float(lp_with[chosen])),
     )
     if logits_without is not None:
-        lp_without = log_probs(logits_without)
-        result.without_memory = named(top_tokens(lp_without, k))
-        result.p_without = math.exp(float(lp_without[chosen]))
-        result.bits_saved = bits_saved(lp_with, lp_without, chosen)
-        result.kl_bits = kl_bits(lp_with, lp_without)
+        add_counterfactual(result, logits_with, logits_without, token_text, k)
     return result
+
+
+def add_counterfactual(
+    result: Predictions, logits_with: Tensor, logits_without: Tensor, token_text, k: int = TOP_K
+) -> None:
+    """Complete ``result`` (made from ``logits_with``) with the memory-off model's half:
+    its top tokens, p of the chosen token, bits saved and KL."""
+    lp_with, lp_without = log_probs(logits_with), log_probs(logits_without)
+    chosen = result.chosen
+    result.without_memory = _named(top_tokens(lp_without, k), token_text)
+    result.p_without = math.exp(float(lp_without[chosen]))
+    result.bits_saved = bits_saved(lp_with, lp_without, chosen)
+    result.kl_bits = kl_bits(lp_with, lp_without)
+
+
+def _named(top, token_text) -> list[tuple[int, str, float]]:
+    return [(i, token_text(i), p) for i, p in top]
 
 
 class MemoryEffect:

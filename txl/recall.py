@@ -29,7 +29,6 @@ Within the window all three can see the name; beyond it only memory can.
 
 from __future__ import annotations
 
-import math
 import random
 import string
 from contextlib import nullcontext
@@ -40,13 +39,12 @@ from torch import Tensor
 
 from .cached import KVMemory, cached_forward
 from .model import TransformerXL
-from .scoring import memory_nll, sliding_nll
+from .scoring import LN2, memory_nll, sliding_nll
 
 CUE = 3  # letters of the name given back as the cue; the rest is scored
 SPEECH = "Stand, and unfold yourself; the hour grows late."
 DISTANCES = (32, 64, 128, 256, 512, 1024, 2048)
 MAX_NAME_CHARS = 40  # a speaker's name, not a text: every probe scores all but its cue
-LN2 = math.log(2)
 
 
 @dataclass

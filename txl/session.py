@@ -23,7 +23,12 @@ Beyond the contract: ``s.kv`` (the KVMemory, None when memory is off), ``s.next_
 (the pending scores), ``s.set_seg_len(n)``, ``s.encode(text)``, ``s.unknown_mode``
 ("replace" or "ignore"), ``s.start_id`` (the token an empty prompt starts from) and
 ``s.pieces`` (the text of each token, indexable by token position).
-``s.memory``, ``s.mem_len`` and ``s.seg_len`` are read-only: change them with the setters.
+``s.memory``, ``s.mem_len`` and ``s.seg_len`` are read-only: change them with the setters
+or ``configure`` (every setting checked before any changes).
+
+What the session is not: a scorer of texts (``txl.scoring.score_stages``: it needs the
+model alone) or a server's accountant (it counts and hands over its own memory,
+``footprint`` and ``export_state``, and the server never reaches into its fields).
 
 Tokens are characters for a character model and words for a word model (the WikiText-103
 Transformer-XL); "char" in the traces below means the token's text either way.
@@ -31,12 +36,13 @@ Transformer-XL); "char" in the traces below means the token's text either way.
 
 from __future__ import annotations
 
-import math
+import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import nullcontext
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,26 +50,22 @@ import torch
 from torch import Tensor
 
 from .cached import KVMemory, cached_forward
+from .checks import as_int, check_seed, check_temperature, check_top_p
 from .model import TransformerXL
-from .predictions import MemoryEffect, Predictions, predictions, window_logits
+from .predictions import MemoryEffect, Predictions, add_counterfactual, predictions
 from .sampling import sample_next
-from .scoring import (
-    CONTEXT_SWEEP_LENGTHS,
-    MOMENT_CONTEXT,
-    MOMENTS,
-    SLIDING_BATCH,
-    ContextSweep,
-    Moment,
-    context_sweep,
-    mean_or_nan,
-    sliding_chunks,
-    sliding_nll,
-    stream_nll,
-    top_moments,
-)
-from .threads import side_by_side
+from .scoring import window_logits, window_scores
 
-LN2 = math.log(2)
+# Generate's counterfactual: the windows of this many generated tokens go to the
+# model in one batch, behind the text (``Session.generate``).
+BEHIND_BATCH = 16
+# The scores of the tokens waiting behind the text, at most: beyond it the text waits for
+# the oldest batch. A character model's 500 tokens hold 130 KB, never near it; a word
+# model's hold a megabyte each (267k scores), so its text runs at most 16 tokens ahead.
+BEHIND_BYTES = 16 << 20
+# A step's records: its predictions (two top-10 lists of (id, text, p): ~3 KB measured),
+# its token in the text, the ids and the memory-effect record (~41 bytes). An upper bound.
+STEP_RECORD_BYTES = 4096
 
 
 @dataclass
@@ -85,108 +87,6 @@ class StepTrace:
     # The next-token distribution this token was drawn from, and (memory on) the memory-off
     # model's over the last seg_len tokens: txl/predictions.py. None: not computed.
     predictions: Predictions | None = None
-
-
-@dataclass
-class ScoreResult:
-    """One text scored three ways (all arrays [len(text) - 1], bits; bpc = their mean, NaN
-    when nothing was scored; seconds = wall time of each way):
-
-    - with: segments of seg_len read in order, each over a memory of mem_len (Transformer-XL);
-    - without: the same segments, each read alone (no memory): context fragmentation;
-    - sliding: every char predicted from exactly the ``window`` chars before it (the
-      vanilla baseline), recomputed for each char, no memory.
-    """
-
-    chars: list[str]  # the characters of the text that were scored (positions 1..)
-    bits_with: np.ndarray  # [len(text) - 1] surprisal of each char with memory, in bits
-    bits_without: np.ndarray  # segments read alone
-    bpc_with: float  # mean of bits_with (NaN when nothing was scored)
-    bpc_without: float
-    dropped: list[str]  # unknown chars removed/replaced before scoring
-    bits_sliding: np.ndarray | None = None  # sliding window of ``window`` chars
-    bpc_sliding: float = math.nan
-    window: int = 0  # the sliding window's length (the session's seg_len)
-    seg_len: int = 0
-    mem_len: int = 0
-    seconds_with: float = math.nan
-    seconds_without: float = math.nan
-    seconds_sliding: float = math.nan
-    first: str = ""  # the text's first token (not scored: nothing comes before it)
-
-    @property
-    def pieces(self) -> list[str]:
-        """The text as scored, token by token (position 0 is ``first``)."""
-        return [self.first, *self.chars] if self.first or self.chars else []
-
-    def moments(self, k: int = MOMENTS, context: int = MOMENT_CONTEXT) -> list[Moment] | None:
-        """The ``k`` tokens where memory saved the most bits over the sliding window, most
-        first, each with ``context`` tokens either side (``txl.scoring.top_moments``);
-        None until the sliding window is scored."""
-        if self.bits_sliding is None:
-            return None
-        if not self.chars:  # nothing was scored
-            return []
-        return top_moments(self.pieces, self.bits_with, self.bits_sliding, k, context)
-
-
-@dataclass
-class ScoreStage:
-    """One stage of ``Session.score_stages``: which (``kind``), the ScoreResult so far (its
-    sliding window filled in at "done"), the memory-length sweep once computed, and
-    during the sliding window its progress: tokens done of ``total``, seconds left."""
-
-    kind: str  # "reads", "sweep", "sliding" or "done"
-    result: ScoreResult
-    sweep: ContextSweep | None = None
-    done: int = 0
-    total: int = 0
-    seconds_left: float = math.nan
-
-
-# ---- validation: every setting is checked before anything changes -----------------------
-
-
-def _as_int(name: str, value, minimum: int) -> int:
-    """An int >= minimum; integral floats (a UI slider's 40.0) are accepted."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _as_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
-
-
-def check_temperature(value) -> float:
-    value = _as_float("temperature", value)
-    if value < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {value}")
-    return value
-
-
-def check_top_p(value) -> float:
-    value = _as_float("top_p", value)
-    if not 0 < value <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {value}")
-    return value
-
-
-def check_seed(value) -> int:
-    value = _as_int("seed", value, -(2**63))
-    if value >= 2**64:  # torch.Generator.manual_seed's range
-        raise ValueError(f"seed must be < 2**64, got {value}")
-    return value
 
 
 def memory_bytes_per_position(model: TransformerXL) -> int:
@@ -223,6 +123,86 @@ def plain_bytes(record, depth: int = 6) -> int:
     return size
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes a session holds in RAM besides the model's, by what holds them (what a
+    server's memory budget counts: ``Session.footprint``)."""
+
+    kv: int  # the KV buffers, spare room included (it is allocated)
+    logits: int  # the pending next-token scores
+    history: int  # the step history's arrays (float16 attention, int32 key positions)
+    last_step: int  # the newest step's attention, key positions and score terms
+    # plain Python records, which never leave RAM: the text and prompt, the ids, a word
+    # model's pieces, the memory-effect record, the steps' predictions
+    records: int
+
+    @property
+    def total(self) -> int:
+        return self.kv + self.logits + self.history + self.last_step + self.records
+
+
+class _Record:
+    """One history step's plain-record bytes, counted once as it joins the history and
+    again if its counterfactual arrives later (Generate's, computed behind the text)."""
+
+    __slots__ = ("bytes", "kept")
+
+    def __init__(self, nbytes: int):
+        self.bytes, self.kept = nbytes, True
+
+
+# one _Record: the object and its size (an int object of its own: a record is > 256 bytes)
+_RECORD_BYTES = sys.getsizeof(_Record(0)) + sys.getsizeof(2**20)
+
+
+@dataclass
+class _Behind:
+    """A generated token whose counterfactual is still to come (``Session.generate``)."""
+
+    position: int
+    logits_with: Tensor  # [V] the scores it was drawn from
+    predicted: Predictions  # its trace's, to be completed
+    kept: StepTrace | None  # its history entry, if the history keeps it ...
+    record: _Record | None  # ... and that entry's record bytes
+    without: Tensor | None = None  # [V] the window's scores, once computed
+
+
+def _counterfactual_batch(model, ids: list[int], positions: list[int], window: int) -> tuple:
+    """The memory-off scores at ``positions`` of ``ids`` ([n, V], one batch), and the
+    seconds they took. Runs on the counterfactual's own thread (one torch thread)."""
+    t0 = time.perf_counter()
+    scores = window_scores(model, ids, positions, window, batch_size=len(positions))
+    return scores, time.perf_counter() - t0
+
+
+_behind_pool: ThreadPoolExecutor | None = None
+BEHIND_NICENESS = 5  # the counterfactual's thread yields the cores to the text (Linux)
+
+
+def _behind_thread_starts() -> None:
+    """One torch thread, and a lower priority than the thread that steps: the text comes
+    first, the counterfactual takes what is left of the cores."""
+    torch.set_num_threads(1)  # per OS thread: this one's
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BEHIND_NICENESS)
+        )
+    except (AttributeError, OSError):  # not Linux, or not allowed: the same priority
+        pass
+
+
+def _behind_worker() -> ThreadPoolExecutor:
+    """The thread that computes Generate's counterfactuals beside its steps (one for the
+    process: a core beside the one that steps)."""
+    global _behind_pool
+    if _behind_pool is None:
+        _behind_pool = ThreadPoolExecutor(
+            1, thread_name_prefix="txl-counterfactual", initializer=_behind_thread_starts
+        )
+    return _behind_pool
+
+
 class Session:
     """Prompt + generated text, the model's memory of it, and the sampling settings.
 
@@ -247,17 +227,15 @@ class Session:
             raise ValueError("a Session needs a model with a vocabulary (config.vocab is missing)")
         cfg = model.config
         # Validate everything first: a bad setting leaves no half-built session behind.
-        mem_len = _as_int("mem_len", cfg.mem_len if mem_len is None else mem_len, 0)
-        seg_len = _as_int("seg_len", cfg.tgt_len if seg_len is None else seg_len, 1)
+        mem_len = as_int("mem_len", cfg.mem_len if mem_len is None else mem_len, 0)
+        seg_len = as_int("seg_len", cfg.tgt_len if seg_len is None else seg_len, 1)
         temperature, top_p = check_temperature(temperature), check_top_p(top_p)
-        top_k, seed = _as_int("top_k", top_k, 0), check_seed(seed)
-        history = _as_int("history", history, 0)
+        top_k, seed = as_int("top_k", top_k, 0), check_seed(seed)
+        history = as_int("history", history, 0)
 
         self.model = model
         self.tokenizer = model.tokenizer
         self.device = next(model.parameters()).device
-        # Unknown characters: replaced by the tokenizer's symbol when it has one, else dropped.
-        self.unknown_mode = "replace" if self.tokenizer.unk_symbol is not None else "ignore"
         # An empty prompt starts from a fresh line (a newline, or <eos> for words).
         self.start_id = self.tokenizer.start_id
 
@@ -276,6 +254,42 @@ class Session:
         self.reset()
 
     # ---- settings -------------------------------------------------------------------
+
+    def configure(
+        self,
+        memory=None,
+        mem_len=None,
+        temperature=None,
+        top_k=None,
+        top_p=None,
+        seed=None,
+    ) -> None:
+        """Apply the settings given (None: leave it), every one checked before any
+        changes: a bad one raises ValueError and leaves the session as it was. The memory
+        is rebuilt only when it changes (``set_mem_len``, ``set_memory``); a seed equal to
+        the session's own does not restart the sampler."""
+        checked = dict(
+            temperature=None if temperature is None else check_temperature(temperature),
+            top_k=None if top_k is None else as_int("top_k", top_k, 0),
+            top_p=None if top_p is None else check_top_p(top_p),
+            seed=None if seed is None else check_seed(seed),
+            mem_len=None if mem_len is None else as_int("mem_len", mem_len, 0),
+        )
+        for name in ("temperature", "top_k", "top_p"):
+            if checked[name] is not None:
+                setattr(self, f"_{name}", checked[name])
+        if checked["mem_len"] is not None and checked["mem_len"] != self._mem_len:
+            self.set_mem_len(checked["mem_len"])
+        if memory is not None:
+            self.set_memory(bool(memory))
+        if checked["seed"] is not None and checked["seed"] != self._seed:
+            self.set_seed(checked["seed"])
+
+    @property
+    def unknown_mode(self) -> str:
+        """What happens to characters the model does not know: "replace" (by the
+        tokenizer's replacement symbol) or "ignore" (dropped): the tokenizer's one rule."""
+        return self.tokenizer.unknown_mode
 
     @property
     def memory(self) -> bool:
@@ -303,7 +317,7 @@ class Session:
 
     @top_k.setter
     def top_k(self, value) -> None:
-        self._top_k = _as_int("top_k", value, 0)
+        self._top_k = as_int("top_k", value, 0)
 
     @property
     def top_p(self) -> float:
@@ -324,11 +338,6 @@ class Session:
         """[vocab] the pending next-token scores (None before anything was fed)."""
         return self._logits
 
-    @next_logits.setter
-    def next_logits(self, logits: Tensor | None) -> None:
-        """Hand back the scores this session computed (a memory restored from disk)."""
-        self._logits = logits
-
     @property
     def history_bytes(self) -> int:
         """Bytes of the step history's arrays: what ``history_bytes_limit`` bounds."""
@@ -337,7 +346,7 @@ class Session:
     @property
     def history_record_bytes(self) -> int:
         """Bytes of the step history's plain records (``plain_bytes`` of each step, counted
-        as it joins and leaves the history)."""
+        as it joins and leaves the history, and when a counterfactual completes it)."""
         return self._history_records
 
     @property
@@ -360,6 +369,7 @@ class Session:
         on = bool(on)
         if on == self._memory_on:
             return
+        self.settle()
         self._memory_on = on
         self.kv = KVMemory() if on else None
         self._n_fed = 0
@@ -380,7 +390,7 @@ class Session:
         saw them) are recomputed: the last token runs again over the n positions before it,
         so the very next token already feels the shorter memory.
         """
-        n = _as_int("mem_len", n, 0)
+        n = as_int("mem_len", n, 0)
         self._mem_len = n
         if self.kv is None or len(self.kv) <= n:
             return
@@ -394,7 +404,9 @@ class Session:
     def set_seg_len(self, n: int) -> None:
         """Segment length of feed() and score(), and the window of the memory-off model
         (whose pending logits are then recomputed over the new window)."""
-        self._seg_len = _as_int("seg_len", n, 1)
+        n = as_int("seg_len", n, 1)
+        self.settle()  # the counterfactuals still to come are of the old window
+        self._seg_len = n
         if not self._memory_on and self.ids:
             self._forward_window(capture=False)
 
@@ -402,6 +414,8 @@ class Session:
 
     def reset(self) -> None:
         """Empty text and memory; the generator restarts from the seed."""
+        for future, _ in getattr(self, "_batches", ()):
+            future.cancel()  # a Generate's counterfactual still to come: not needed now
         self.ids: list[int] = []
         self.text = ""
         self._pieces: list[str] = []
@@ -414,8 +428,14 @@ class Session:
         self.history: deque[StepTrace] = deque()  # oldest first
         self._history_bytes = 0  # the history's arrays (what history_bytes_limit bounds)
         # and its records (plain_bytes, each computed once: ~0.1 ms)
-        self._record_sizes: deque[int] = deque()  # the history's, oldest first
+        self._record_sizes: deque[_Record] = deque()  # the history's, oldest first
         self._history_records = 0  # their sum
+        # Generate's tokens whose counterfactual is still to come, oldest first, and the
+        # batches of them on the counterfactual's thread: (future, entries)
+        self._pending: deque[_Behind] = deque()  # their memory effect still to add
+        self._unsent: list[_Behind] = []  # not yet in a batch
+        self._batches: deque[tuple[Future, list[_Behind]]] = deque()
+        self._exported: dict | None = None  # what stays in RAM while export_state's are out
         # p with and without memory of every token a step produced with memory on
         self.memory_effect = MemoryEffect()
         self.generator.manual_seed(self._seed)
@@ -456,18 +476,26 @@ class Session:
         return unknown
 
     def encode(self, text: str) -> tuple[list[int], list[str]]:
-        """Token ids of text under the session's unknown-character rule, and the unknowns."""
-        unknown = self.tokenizer.unknown_symbols(text)
-        return self.tokenizer.encode(text, errors=self.unknown_mode), unknown
+        """Token ids of text under the tokenizer's unknown-character rule, and the unknowns."""
+        return self.tokenizer.encode_known(text)
 
     # ---- generation -----------------------------------------------------------------
 
-    def step(self, capture: bool = True, terms: bool = True, token: int | None = None) -> StepTrace:
+    def step(
+        self,
+        capture: bool = True,
+        terms: bool = True,
+        token: int | None = None,
+        behind: bool = False,
+    ) -> StepTrace:
         """Sample one token from the pending logits, append it, run the model on it.
         capture: keep its attention (and, with ``terms``, its score terms: they read the
         keys a second time, ~10-30 % of a step). ``token``: append this token instead of
         sampling one (a text replayed, such as the character a Score found memory saved
-        the most on); its predictions are computed all the same."""
+        the most on); its predictions are computed all the same. ``behind``: its
+        counterfactual (memory on) comes later, in a batch (``generate``); else now."""
+        if not behind:
+            self.settle()  # the tokens before it first: the memory effect is in text order
         if self._logits is None:
             self.start("")
         if token is None:
@@ -477,17 +505,19 @@ class Session:
                 )
             )
         else:
-            token = _as_int("token", token, 0)
+            token = as_int("token", token, 0)
             if token >= self._logits.numel():
                 raise ValueError(f"token must be < {self._logits.numel()}, got {token}")
         position = len(self.ids)
         # What the token was drawn from, and what a memory-off Step would have drawn it
         # from: the last seg_len tokens before it, no memory (txl/predictions.py).
         t_cf = time.perf_counter()
+        counterfactual = self._memory_on and self.counterfactual
         without = None
-        if self._memory_on and self.counterfactual:
+        if counterfactual and not behind:
             without = window_logits(self.model, self.ids, self._seg_len)
-        predicted = predictions(self._logits, without, token, self._token_text)
+        logits_with = self._logits
+        predicted = predictions(logits_with, without, token, self._token_text)
         predicted.counterfactual_ms = (time.perf_counter() - t_cf) * 1e3
         if without is not None:
             self.memory_effect.add(position, predicted.p_with, predicted.p_without)
@@ -510,6 +540,20 @@ class Session:
         )
         if attentions is not None:
             self._remember(self.last_trace)
+        if counterfactual and behind:
+            kept = attentions is not None and self.history and self.history[-1].position == position
+            entry = _Behind(
+                position,
+                logits_with,
+                predicted,
+                self.history[-1] if kept else None,
+                self._record_sizes[-1] if kept else None,
+            )
+            self._pending.append(entry)
+            self._unsent.append(entry)
+            if len(self._unsent) >= BEHIND_BATCH:
+                self._send_behind()
+            self._drain()
         return self.last_trace
 
     def _trace(
@@ -543,7 +587,7 @@ class Session:
         float16: the history keeps many steps in little memory."""
         if not self.history:
             return None
-        back = min(_as_int("back", back, 0), len(self.history) - 1)
+        back = min(as_int("back", back, 0), len(self.history) - 1)
         return self.history[-1 - back]
 
     def _remember(self, trace: StepTrace) -> None:
@@ -555,8 +599,8 @@ class Session:
         )
         self.history.append(kept)
         self._history_bytes += _trace_bytes(kept)
-        self._record_sizes.append(plain_bytes(kept))
-        self._history_records += self._record_sizes[-1]
+        self._record_sizes.append(_Record(plain_bytes(kept)))
+        self._history_records += self._record_sizes[-1].bytes
         self._trim_history()
 
     def set_history_limit(self, limit_bytes: int | None) -> None:
@@ -571,22 +615,113 @@ class Session:
             len(self.history) > self.history_steps
             or (limit is not None and self._history_bytes > limit)
         ):
-            dropped = self.history.popleft()
+            dropped, record = self.history.popleft(), self._record_sizes.popleft()
             self._history_bytes -= _trace_bytes(dropped)
-            self._history_records -= self._record_sizes.popleft()
+            self._history_records -= record.bytes
+            record.kept = False
 
     def generate(self, n: int, capture_last_only: bool = True) -> Iterator[StepTrace]:
-        """n steps, yielding each trace. capture_last_only: only the last step captures
-        attention (the others pay nothing for it); False: every step does. Only the last
-        step computes its score terms (the history does not keep them)."""
-        n = _as_int("n", n, 0)  # checked now, not at the first next()
+        """n steps, yielding each trace as the model's cached step makes it.
+        capture_last_only: only the last step captures attention (the others pay nothing
+        for it); False: every step does. Only the last step computes its score terms (the
+        history does not keep them).
+
+        With memory on, a token's counterfactual (the memory-off model on the seg_len
+        tokens before it: its Predictions' without-memory half and its ``memory_effect``
+        entry) is computed behind the text: BEHIND_BATCH tokens' windows in one batch
+        (``txl.scoring.window_batches``) on a thread of their own, one core beside the one
+        that steps, filled in as they arrive. The last step's predictions are complete
+        when it is yielded, and everything is when the generator is done (or closed)."""
+        n = as_int("n", n, 0)  # checked now, not at the first next()
 
         def steps() -> Iterator[StepTrace]:
-            for i in range(n):
-                last = i == n - 1
-                yield self.step(capture=not capture_last_only or last, terms=last)
+            try:
+                for i in range(n):
+                    last = i == n - 1
+                    trace = self.step(
+                        capture=not capture_last_only or last, terms=last, behind=True
+                    )
+                    if last and self._pending and self._pending[-1].position == trace.position:
+                        self._fill_now(self._pending[-1])  # its memory effect follows in turn
+                    yield trace
+            finally:
+                self.settle()
 
         return steps()
+
+    # ---- the counterfactual behind the text (generate) ---------------------------------
+
+    def _windows(self, entries: list[_Behind]) -> tuple[list[int], list[int]]:
+        """(ids, positions) that give ``entries``' windows to ``window_batches``: the text
+        from W before the first, positions shifted to match (a window at the text's start,
+        shorter than W, keeps its place)."""
+        first = max(0, entries[0].position - self._seg_len)
+        return self.ids[first : entries[-1].position], [e.position - first for e in entries]
+
+    def _send_behind(self) -> None:
+        """The tokens not yet sent go to the counterfactual's thread as one batch; with
+        more than BEHIND_BYTES of scores waiting, the oldest batch is waited for."""
+        entries, self._unsent = self._unsent, []
+        ids, positions = self._windows(entries)
+        future = _behind_worker().submit(
+            _counterfactual_batch, self.model, ids, positions, self._seg_len
+        )
+        self._batches.append((future, entries))
+        if len(self._pending) * self._logits.nbytes > BEHIND_BYTES:
+            self._batches[0][0].result()
+
+    def _fill(self, entry: _Behind, without: Tensor, ms: float) -> None:
+        """Complete a token's predictions with its window's scores [V]."""
+        if entry.without is not None:
+            return
+        add_counterfactual(entry.predicted, entry.logits_with, without, self._token_text)
+        entry.predicted.counterfactual_ms = ms
+        entry.without = without
+        if entry.record is not None and entry.record.kept:  # its history record grew
+            size = plain_bytes(entry.kept)
+            self._history_records += size - entry.record.bytes
+            entry.record.bytes = size
+
+    def _fill_batch(self, entries: list[_Behind], scores: Tensor, seconds: float) -> None:
+        for entry, row in zip(entries, scores):
+            self._fill(entry, row, seconds * 1e3 / len(entries))
+
+    def _fill_now(self, entry: _Behind) -> None:
+        """One token's counterfactual, computed here and now."""
+        t0 = time.perf_counter()
+        without = window_logits(self.model, self.ids[: entry.position], self._seg_len)
+        self._fill(entry, without, (time.perf_counter() - t0) * 1e3)
+
+    def _drain(self) -> None:
+        """Take in the batches done, then add the memory effect of every token whose
+        counterfactual is in, in text order."""
+        while self._batches and self._batches[0][0].done():
+            future, entries = self._batches.popleft()
+            self._fill_batch(entries, *future.result())
+        while self._pending and self._pending[0].without is not None:
+            entry = self._pending.popleft()
+            self.memory_effect.add(
+                entry.position, entry.predicted.p_with, entry.predicted.p_without
+            )
+
+    def settle(self) -> None:
+        """Every counterfactual still to come, now: the batches the thread has not started
+        are computed here (beside the one it is on), then the rest is waited for."""
+        if not self._pending:
+            return
+        if self._unsent:
+            self._send_behind()
+        batches, self._batches = list(self._batches), deque()
+        for future, entries in batches:
+            if future.cancel():  # not started: this thread takes it
+                t0 = time.perf_counter()
+                ids, positions = self._windows(entries)
+                scores = window_scores(self.model, ids, positions, self._seg_len, len(positions))
+                self._fill_batch(entries, scores, time.perf_counter() - t0)
+        for future, entries in batches:
+            if not future.cancelled():
+                self._fill_batch(entries, *future.result())
+        self._drain()
 
     # ---- inspection -----------------------------------------------------------------
 
@@ -605,129 +740,118 @@ class Session:
             "history_bytes": self.history_bytes,
         }
 
-    def score(self, text: str, sliding: bool = True) -> ScoreResult:
-        """Surprisal of each character of text given the ones before it, three ways: read
-        in segments of seg_len with mem_len positions of memory; the same segments each
-        read alone; and (``sliding``) a sliding window of seg_len chars recomputed for every
-        char (seg_len times the work of the others). Each way is timed.
-        The session's own text and memory are not touched. (``score_stages`` gives the
-        same result in stages, the slow sliding window last.)"""
-        *_, last = self.score_stages(text, sliding=sliding, sweep=False)
-        return last.result
+    # ---- what the session holds, and its memory out of RAM and back ------------------
 
-    def score_stages(
-        self,
-        text: str,
-        sliding: bool = True,
-        sweep: bool = True,
-        pace=None,
-        mem_lens=CONTEXT_SWEEP_LENGTHS,
-        tolerance: float = 0.01,
-    ) -> Iterator[ScoreStage]:
-        """``score`` (and ``context_sweep``) in stages, fastest first, for a page that shows
-        each as it comes: "reads" (memory and segments alone: a ScoreResult without the
-        sliding window), "sweep" (the memory-length sweep; ``sweep=False`` skips it),
-        "sliding" after every chunk of the sliding window (characters done, total, seconds
-        left), and "done" (the whole ScoreResult). ``pace``: a context-manager factory
-        around each chunk of work (webapp.longwork's ``job.turn``: threads, pauses, cancel);
-        the sliding window's chunks, all alike, pass ``work=`` their windows; the reads
-        (one per memory length) pass ``tasks=`` how many are left, and run as many side by
-        side as the turn yields (``txl.threads.side_by_side``: one core each).
-        The sweep reuses the two reads for memory 0 and mem_len: the same computation."""
-        pace = pace or (lambda work=None, tasks=1: nullcontext(1))
-        ids, unknown = self.encode(text)
-        ids = torch.tensor(ids, dtype=torch.long)  # [L]
-        streams = ids.view(1, -1)  # [1, L]: one stream
-        seg_len, mem_len = self._seg_len, self._mem_len
-
-        def timed(fn):
-            t0 = time.perf_counter()
-            nats = fn()
-            return nats / LN2, time.perf_counter() - t0
-
-        def reads(lengths) -> dict[int, tuple[Tensor, float]]:
-            """The text read with each memory length: (bits [L-1], seconds) by length.
-            Independent reads: pace() says how many run side by side (one core each)."""
-            done, pending = {}, list(lengths)
-            while pending:
-                with pace(tasks=len(pending)) as at_once:
-                    batch, pending = pending[:at_once], pending[at_once:]
-                    tasks = [
-                        lambda n=n: timed(lambda: stream_nll(self.model, streams, seg_len, n)[0])
-                        for n in batch
-                    ]
-                    done.update(zip(batch, side_by_side(tasks, at_once)))
-            return done
-
-        if len(ids) > 1:  # warm up (the position table): else the first read's time pays
-            with pace():
-                stream_nll(self.model, streams[:, : seg_len + 1], seg_len, 0)
-        first = reads(dict.fromkeys([mem_len, 0]))  # mem_len 0: one read
-        (with_memory, s_with), (without, s_without) = first[mem_len], first[0]
-        pieces = self.tokenizer.pieces(ids.tolist())
-        result = ScoreResult(
-            chars=pieces[1:],
-            first=pieces[0] if pieces else "",
-            bits_with=with_memory.numpy(),
-            bits_without=without.numpy(),
-            bpc_with=mean_or_nan(with_memory),
-            bpc_without=mean_or_nan(without),
-            dropped=unknown,
-            window=seg_len,
-            seg_len=seg_len,
-            mem_len=mem_len,
-            seconds_with=s_with,
-            seconds_without=s_without,
+    def footprint(self) -> Footprint:
+        """Bytes this session holds in RAM besides the model's (a server's memory budget
+        counts them): its tensors and its plain records, which never leave RAM
+        (``records``: measured against tracemalloc in tests/test_budget.py; O(1) but for
+        the last step). While its memory is out (``export_state``): what stays, the
+        records and the last step's attention (the app's Export reads it)."""
+        t = self.last_trace
+        last = 0
+        for array in (t.attentions, t.key_positions, t.terms) if t is not None else ():
+            last += array.nbytes if array is not None else 0
+        return Footprint(
+            kv=self.kv.buffer_bytes if self.kv else 0,
+            logits=self._logits.nbytes if self._logits is not None else 0,
+            history=0 if self.exported else self._history_bytes,
+            last_step=last,
+            records=self._record_bytes(),
         )
-        total = max(len(ids) - 1, 0) if sliding else 0  # the sliding window's tokens
-        yield ScoreStage("reads", result, total=total)
 
-        swept = None
-        if sweep:
-            lengths = sorted({_as_int("mem_len", n, 0) for n in mem_lens})
-            known = {**first, **reads([n for n in lengths if n not in first])}
-            bpc = [mean_or_nan(known[n][0]) for n in lengths]
-            seconds = [known[n][1] for n in lengths]
-            swept = ContextSweep.of(lengths, bpc, seconds, seg_len, tolerance)
-            yield ScoreStage("sweep", result, swept, total=total)
+    def _record_bytes(self) -> int:
+        """The text and prompt, the token ids (a list of pointers; ids above 256 are int
+        objects of their own), a word model's pieces, the memory-effect record (32 bytes
+        per token), and the step records of the history and the last step (their
+        predictions: ~3 KB a step)."""
+        ids = sys.getsizeof(self.ids)
+        if self.model.config.vocab_size > 257:  # -5..256 are shared int objects
+            ids += sys.getsizeof(2**20) * len(self.ids)
+        text = sys.getsizeof(self.text) + sys.getsizeof(self.prompt)
+        # a word's piece: a str object (49 bytes) with its characters, ~8 on average (a
+        # character model keeps an empty list: its text is its pieces)
+        pieces = sys.getsizeof(self._pieces) + 57 * len(self._pieces)
+        effect = sum(sys.getsizeof(a) for a in vars(self.memory_effect).values())
+        # the bookkeeping: each history step's record size, the counterfactuals' queues
+        books = sys.getsizeof(self._record_sizes) + _RECORD_BYTES * len(self._record_sizes)
+        books += sum(sys.getsizeof(q) for q in (self._pending, self._unsent, self._batches))
+        history = self._history_records + books
+        return ids + text + pieces + effect + history + plain_bytes(self.last_trace)
 
-        if sliding:
-            parts, s_sliding = [], 0.0
-            for start, stop in sliding_chunks(len(ids), seg_len, SLIDING_BATCH):
-                with pace(work=stop - start):
-                    bits, took = timed(
-                        lambda a=start, b=stop: sliding_nll(
-                            self.model, ids, seg_len, a, b, batch_size=SLIDING_BATCH
-                        )
-                    )
-                parts.append(bits)
-                s_sliding += took
-                done = stop - 1
-                left = s_sliding / done * (total - done)
-                yield ScoreStage("sliding", result, swept, done, total, left)
-            bits_sliding = torch.cat(parts) if parts else torch.zeros(0)
-            result = replace(  # a new result: the earlier stages' stays as it was
-                result,
-                bits_sliding=bits_sliding.numpy(),
-                bpc_sliding=mean_or_nan(bits_sliding),
-                seconds_sliding=s_sliding,
+    def growth(self, mem_len: int, steps: int) -> int:
+        """The most this session's footprint can grow in a request run with memory length
+        ``mem_len`` taking ``steps`` steps: a whole new KV buffer (buffers grow by copying,
+        so the old and the new are both held for a moment, and a new prompt refills them),
+        the pending logits, the steps' history and records, the last step's attention and
+        score terms, and Generate's counterfactuals waiting behind its text."""
+        c, element = self.model.config, next(self.model.parameters()).element_size()
+        kv = memory_bytes_per_position(self.model) * KVMemory.capacity(mem_len + self._seg_len)
+        logits = c.vocab_size * element
+        keys = max(mem_len + 1, self._seg_len)  # what one step's query attends over
+        step_history = c.n_layer * c.n_head * keys * 2 + keys * 4  # _remember: float16, int32
+        history = min(steps, self.history_steps) * step_history
+        if self.history_bytes_limit is not None:
+            history = min(history, self.history_bytes_limit)
+        # float32: the attention [L, H, K] and the four score terms [L, 4, H, K]
+        last_step = 5 * c.n_layer * c.n_head * keys * 4 if steps else 0
+        records = steps * STEP_RECORD_BYTES
+        # the scores of the tokens waiting (each step's with memory, each batch's without)
+        behind = 2 * min(steps * logits, BEHIND_BYTES + BEHIND_BATCH * logits) if steps > 1 else 0
+        return kv + logits + history + last_step + records + behind
+
+    @property
+    def exported(self) -> bool:
+        """Whether the session's memory is out of RAM (export_state, not yet import_state)."""
+        return self._exported is not None
+
+    def export_state(self) -> dict[str, Tensor]:
+        """Hand over the session's memory as named tensors, ready for safetensors, and drop
+        it from RAM: the KV memory (KVMemory.to_tensors), the pending logits, the step
+        history's arrays and the last step's score terms (a big model's are megabytes).
+        The text, the settings, the sampler and the rest of the last step's trace stay.
+        Until ``import_state`` with these tensors, the session must not be used."""
+        if self.exported:
+            raise RuntimeError("this session's memory is already exported")
+        self.settle()
+        tensors: dict[str, Tensor] = {}
+        if self.kv is not None:
+            tensors.update({f"kv.{k}": t for k, t in self.kv.to_tensors().items()})
+        if self._logits is not None:
+            tensors["next_logits"] = self._logits
+        for i, trace in enumerate(self.history):
+            tensors[f"history.{i}.attentions"] = torch.from_numpy(trace.attentions)
+            tensors[f"history.{i}.key_positions"] = torch.from_numpy(trace.key_positions)
+        if self.last_trace is not None and self.last_trace.terms is not None:
+            tensors["last_trace.terms"] = torch.from_numpy(self.last_trace.terms)
+            self.last_trace = replace(self.last_trace, terms=None)
+        self._exported = dict(
+            kv=self.kv is not None,
+            history=[replace(t, attentions=None, key_positions=None) for t in self.history],
+        )
+        self.kv, self._logits, self.history = None, None, deque()
+        return tensors
+
+    def import_state(self, tensors: dict[str, Tensor]) -> None:
+        """Take back the memory ``export_state`` handed over (read back from disk, say):
+        the session continues token for token and logit for logit as if it had never
+        left."""
+        if not self.exported:
+            raise RuntimeError("this session's memory is not exported")
+        kv = {k.removeprefix("kv."): t for k, t in tensors.items() if k.startswith("kv.")}
+        self.history = deque(
+            replace(
+                t,
+                attentions=tensors[f"history.{i}.attentions"].numpy(),
+                key_positions=tensors[f"history.{i}.key_positions"].numpy(),
             )
-        yield ScoreStage("done", result, swept)
-
-    def context_sweep(
-        self,
-        text: str,
-        mem_lens=CONTEXT_SWEEP_LENGTHS,
-        tolerance: float = 0.01,
-    ) -> ContextSweep:
-        """Bits per char of text read in segments of seg_len with each memory length of
-        ``mem_lens`` ("how far back does it read?"), and the effective context: the
-        shortest memory within ``tolerance`` (1 %) of the best bpc. The session's own text
-        and memory are not touched."""
-        lengths = [_as_int("mem_len", n, 0) for n in mem_lens]
-        ids, _ = self.encode(text)
-        ids = torch.tensor(ids, dtype=torch.long)  # [L]
-        return context_sweep(self.model, ids, self._seg_len, lengths, tolerance)
+            for i, t in enumerate(self._exported["history"])
+        )
+        self.kv = KVMemory.from_tensors(kv) if self._exported["kv"] else None
+        self._logits = tensors.get("next_logits")
+        if "last_trace.terms" in tensors:
+            self.last_trace = replace(self.last_trace, terms=tensors["last_trace.terms"].numpy())
+        self._exported = None
 
     def __repr__(self) -> str:
         info = self.memory_info()

@@ -10,7 +10,8 @@ The rule for symbols outside the vocabulary: ``encode(text)`` raises
 :class:`UnknownTokensError` (:class:`UnknownCharactersError` for characters), which names
 every unknown symbol. ``errors="replace"`` substitutes the replacement symbol (the
 ``unk_symbol``; for characters ``"?"`` when the vocabulary has it) and ``errors="ignore"``
-drops them.
+drops them. What the app and the scores use is one lenient rule (``unknown_mode``:
+replace when there is a replacement symbol, else drop), ``encode_known(text)``.
 """
 
 from __future__ import annotations
@@ -72,7 +73,24 @@ def _ids_of(symbols: list[str], stoi: dict[str, int], errors: str,
     return [stoi.get(s, unk) for s in symbols]
 
 
-class CharTokenizer:
+class _LenientEncoding:
+    """The one rule for symbols outside the vocabulary where nothing may be refused (a
+    prompt, a text to score): replaced by ``unk_symbol`` when there is one, else dropped."""
+
+    unk_symbol: str | None
+
+    @property
+    def unknown_mode(self) -> str:
+        """``encode``'s ``errors`` under the lenient rule: "replace" or "ignore"."""
+        return "replace" if self.unk_symbol is not None else "ignore"
+
+    def encode_known(self, text: str) -> tuple[list[int], list[str]]:
+        """(ids of ``text`` under the lenient rule, the unknown symbols it held, each once
+        in order of appearance)."""
+        return self.encode(text, errors=self.unknown_mode), self.unknown_symbols(text)
+
+
+class CharTokenizer(_LenientEncoding):
     """Maps characters to ids and back; ``vocab[i]`` is the symbol of id ``i``."""
 
     unit = "character"
@@ -155,7 +173,7 @@ _CLITIC = re.compile(r"(?i:n't)|'\w+")  # written against the word before: it's,
 _QUOTES = {"\u201c": '"', "\u201d": '"', "\u201e": '"', "\u2018": "'", "\u2019": "'"}
 
 
-class WordTokenizer:
+class WordTokenizer(_LenientEncoding):
     """Maps WikiText-103-style words to ids and back; ``vocab[i]`` is the symbol of id ``i``.
 
     WikiText is words and punctuation marks separated by spaces, with "@-@" for a hyphen

@@ -9,7 +9,8 @@ memories of the least recently used idle sessions are written to disk (safetenso
 files in a private temporary folder) and dropped from RAM. A session whose memory is on
 disk reads it back on its next use, bit for bit: it continues token for token and logit
 for logit as if it had never left. Its text, settings, sampler and records never leave
-RAM (offload.resident_bytes still counts them then); only offload.unload's tensors do.
+RAM (``Session.footprint`` still counts them then); only ``Session.export_state``'s
+tensors do. The budget reads a session through those calls alone, never its fields.
 
 When no room can be made (everyone else is busy, the disk budget TXL_OFFLOAD_DISK_MB is
 full, or one session alone needs more than the whole budget), the request is refused
@@ -37,10 +38,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from txl.cached import KVMemory, position_table_bytes, position_table_growth
+from txl.cached import position_table_bytes, position_table_growth
 from txl.session import Session, memory_bytes_per_position
-
-from .offload import forget_unloaded, is_unloaded, reload, resident_bytes, unload
 
 MB = 2**20
 BUDGET_SHARE = 0.5  # default budget: half the machine's (or the container's) memory
@@ -155,33 +154,19 @@ def default_disk_bytes(folder: Path) -> int:
 
 # ---- what one request may add -------------------------------------------------------
 
-# A step's records: its predictions (two top-10 lists of (id, text, p): ~3 KB measured),
-# its token in the text, the ids and the memory-effect record (~41 bytes). An upper bound.
-STEP_RECORD_BYTES = 4096
-
 
 def growth_bytes(session: Session, mem_len: int, steps: int) -> int:
     """The most a request can add to the server's RAM, run on ``session`` with memory
-    length mem_len and taking ``steps`` steps: a whole new KV buffer (buffers grow by
-    copying, so the old and the new are both held for a moment, and a new prompt refills
-    them), the pending logits, the steps' history and records, the last step's attention
-    and score terms, and a new table of position keys when the model's is too short for
-    this memory (the old one is freed once the new one is built)."""
-    c, model = session.model.config, session.model
-    element = next(model.parameters()).element_size()
-    positions = mem_len + session.seg_len
-    kv = memory_bytes_per_position(model) * KVMemory.capacity(positions)
-    logits = c.vocab_size * element
-    keys = max(mem_len + 1, session.seg_len)  # what one step's query attends over
-    step_history = c.n_layer * c.n_head * keys * 2 + keys * 4  # float16 + int32
-    history = min(steps, session.history_steps) * step_history
-    if session.history_bytes_limit is not None:
-        history = min(history, session.history_bytes_limit)
-    # float32: the attention [L, H, K] and the four score terms [L, 4, H, K]
-    last_step = 5 * c.n_layer * c.n_head * keys * 4 if steps else 0
-    records = steps * STEP_RECORD_BYTES
-    table = position_table_growth(model, positions)
-    return kv + logits + history + last_step + records + table
+    length mem_len and taking ``steps`` steps: what the session may add
+    (``Session.growth``), and a new table of position keys when the model's is too short
+    for this memory (the old one is freed once the new one is built)."""
+    table = position_table_growth(session.model, mem_len + session.seg_len)
+    return session.growth(mem_len, steps) + table
+
+
+def resident_bytes(session: Session) -> int:
+    """What a session holds in RAM now (``Session.footprint``), its memory in or out."""
+    return session.footprint().total
 
 
 # ---- what a model keeps for its sessions ----------------------------------------------
@@ -235,7 +220,7 @@ class _Account:
 
 class MemoryBudget:
     """The server's sessions' memory, within ``limit`` bytes of RAM and ``disk_limit``
-    bytes of offload files: each session's (offload.resident_bytes) and, once for each
+    bytes of offload files: each session's (``resident_bytes``) and, once for each
     model they use, the model's caches (model_cache_bytes). Sessions and models are held
     weakly: a session the app drops takes its account with it, and its file is removed
     when it is garbage-collected; a model dropped from the cache takes its caches."""
@@ -306,10 +291,9 @@ class MemoryBudget:
             if path is not None:  # outside the budget's lock: the session's lock is ours
                 t0 = time.perf_counter()
                 try:
-                    reload(session, load_file(path))
+                    session.import_state(load_file(path))
                 except Exception as e:  # the file is gone or damaged: start the memory over
-                    session.reset()
-                    forget_unloaded(session)  # reset() cleared the memory that was on disk
+                    session.reset()  # (which forgets the memory that was on disk)
                     with self._lock:
                         self._forget_file(account)
                     raise BudgetError(
@@ -336,7 +320,6 @@ class MemoryBudget:
             account = self._accounts.pop(session, None)
             if account is not None:
                 self._forget_file(account)
-            forget_unloaded(session)
 
     # -- under the budget's lock --
 
@@ -368,7 +351,7 @@ class MemoryBudget:
             if not account.lock.acquire(blocking=False):  # in use right now: leave it
                 continue
             try:
-                if account.peak is not None or is_unloaded(other):
+                if account.peak is not None or other.exported:
                     continue
                 freed = self._offload(other, account)
             finally:
@@ -396,11 +379,11 @@ class MemoryBudget:
         What stays in RAM (its records, the last step's attention) stays counted."""
         path = self.folder / f"{uuid.uuid4().hex}.safetensors"
         held = resident_bytes(session)
-        tensors = unload(session)
+        tensors = session.export_state()
         try:
             save_file(tensors, str(path))
         except BaseException:
-            reload(session, tensors)  # the disk refused it: the memory stays in RAM
+            session.import_state(tensors)  # the disk refused it: the memory stays in RAM
             path.unlink(missing_ok=True)
             raise
         del tensors

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import gradio as gr
@@ -28,13 +28,7 @@ from txl.config import TXLConfig
 from txl.hub import CONFIG_NAME, TXLLoadError
 from txl.loading import load_config
 from txl.model import TransformerXL
-from txl.session import (
-    Session,
-    check_seed,
-    check_temperature,
-    check_top_p,
-    memory_bytes_per_position,
-)
+from txl.session import Session, memory_bytes_per_position
 
 from .budget import (
     MemoryBudget,
@@ -212,7 +206,8 @@ def fix_streaming_diff() -> None:
 class Settings:
     """The sampling and memory settings a Watch-tab event sends, as sent (checked when
     applied: ``DemoService.apply_settings``). The handlers take them one by one, as Gradio
-    passes the inputs, and build this at once."""
+    passes the inputs (the API names them by the handler's parameters), and ``of`` reads
+    them out of the handler's inputs: the one place a Settings is built from them."""
 
     memory: bool
     mem_len: int
@@ -220,6 +215,12 @@ class Settings:
     top_k: int
     top_p: float
     seed: int
+
+    @classmethod
+    def of(cls, inputs: dict) -> Settings:
+        """The settings among a handler's inputs by name (its ``locals()``: parameters
+        named as these fields)."""
+        return cls(**{f.name: inputs[f.name] for f in fields(cls)})
 
 
 class DemoService:
@@ -352,25 +353,26 @@ class DemoService:
                 note_heap_use()  # the sweep trims the heap within a second
 
     def apply_settings(self, s: Session, settings: Settings) -> None:
-        """Validate every setting first, then apply (memory rebuilds only on a change)."""
-        temperature, top_p, seed = (
-            check_temperature(settings.temperature),
-            check_top_p(settings.top_p),
-            check_seed(settings.seed),
-        )
+        """The app's bounds on top_k and mem_len (a mem_len above the per-session cap is
+        lowered to it, with a warning), then ``Session.configure``, which checks every
+        setting before it changes any (the memory rebuilds only on a change)."""
         top_k = as_int("top_k", settings.top_k, 0, 1_000_000)
         mem_len = as_int("mem_len", settings.mem_len, 0, MAX_MEM_LEN)
         cap = self.mem_cap(s.model)
         if mem_len > cap:
             gr.Warning(f"mem_len {mem_len:,} is above this model's per-session cap; using {cap:,}.")
             mem_len = cap
-        s.temperature, s.top_k, s.top_p = temperature, top_k, top_p
-        if mem_len != s.mem_len:
-            s.set_mem_len(mem_len)
+        changed = mem_len != s.mem_len
+        s.configure(
+            memory=bool(settings.memory),
+            mem_len=mem_len,
+            temperature=settings.temperature,
+            top_k=top_k,
+            top_p=settings.top_p,
+            seed=settings.seed,
+        )
+        if changed:
             self.fit_history(s)
-        s.set_memory(bool(settings.memory))
-        if seed != s.seed:
-            s.set_seed(seed)
 
     @staticmethod
     def start_from_prompt(s: Session, prompt: str, capture: bool = False) -> None:
@@ -407,9 +409,8 @@ class DemoService:
             return self.visitors.add(new)
         with user_errors(state):
             old, s = state.session, new.session
-            s.temperature, s.top_k, s.top_p = old.temperature, old.top_k, old.top_p
+            s.configure(old.memory, None, old.temperature, old.top_k, old.top_p)
             s.set_seed(old.seed)
-            s.set_memory(old.memory)
             state.source, state.session = new.source, s
         return state
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from txl.model import TransformerXL
-from txl.session import ScoreResult, Session
+from txl.scoring import ScoreResult
+from txl.session import Session
 
 from .budget import trim_if_used, trim_memory
 

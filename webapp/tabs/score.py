@@ -7,7 +7,7 @@ the most on, each with **Watch it**); and how far back the model reads.
 
 ``score`` is a generator whose stages stream in as they are ready: memory first, the slow
 sliding window last with its progress (webapp/longwork.py runs it beside other visitors'
-Steps); then ``score_moments``. The work is ``Session.score_stages`` (txl/session.py), the
+Steps); then ``score_moments``. The work is ``txl.scoring.score_stages``, the
 views webapp/score_viz.py; **Watch it** lands on the Watch tab with its views
 (webapp/tabs/watch_views.py).
 """
@@ -18,7 +18,7 @@ import time
 
 import gradio as gr
 
-from txl.session import Session
+from txl.scoring import score_stages
 from webapp import score_viz
 from webapp.budget import note_heap_use
 from webapp.inputs import as_int
@@ -56,8 +56,7 @@ class ScoreTab:
                 f"The text is {len(text):,} characters; the limit is {MAX_SCORE_CHARS:,}."
             )
         model = self.service.model_for(state)
-        unknown = "replace" if model.tokenizer.unk_symbol is not None else "ignore"  # as Session
-        if len(model.tokenizer.encode(text, errors=unknown)) < 2:
+        if len(model.tokenizer.encode_known(text)[0]) < 2:
             raise gr.Error("Nothing to score: paste at least two characters the model knows.")
 
     def score_click(self, text, state: VisitorState | None) -> None:
@@ -82,13 +81,14 @@ class ScoreTab:
         with user_errors():
             mem_len = as_int("mem_len", mem_len, 0, MAX_MEM_LEN)
             mem_len = min(mem_len, self.service.mem_cap(state.model))
-            scorer = Session(state.model, mem_len=mem_len)  # the user's text stays untouched
+        model = state.model  # the visitor's own text and memory are not touched
         sliding = len(text) <= MAX_SLIDING_CHARS
-        unit, seg_len = scorer.tokenizer.unit, scorer.seg_len
+        unit, seg_len = model.tokenizer.unit, model.config.tgt_len
         job = self.service.traffic.start_job(owner=state)
         sent = 0.0
         try:
-            for stage in scorer.score_stages(text, sliding=sliding, pace=job.turn):
+            stages = score_stages(model, text, seg_len, mem_len, sliding=sliding, pace=job.turn)
+            for stage in stages:
                 result, sweep = stage.result, stage.sweep
                 summary = score_viz.score_markdown(result, seg_len, mem_len, unit=unit)
                 if stage.kind == "done":
@@ -178,9 +178,7 @@ class ScoreTab:
             position = as_int("moment", position, 1, len(pieces) - 1)
         except ValueError as e:
             raise gr.Error(f"Pick a moment of the last Score: {e}") from None
-        tokenizer = state.model.tokenizer
-        unknown = "replace" if tokenizer.unk_symbol is not None else "ignore"  # as Session
-        token = tokenizer.encode("".join(pieces[: position + 1]), errors=unknown)[-1]
+        token = state.model.tokenizer.encode_known("".join(pieces[: position + 1]))[0][-1]
         return "".join(pieces[:position]), scored.mem_len, token
 
     def watch_moment(self, state: VisitorState, position, sampling: tuple) -> str:

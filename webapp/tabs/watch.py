@@ -6,10 +6,11 @@ current segment, the next-token prediction with and without memory, a step histo
     WatchTab(service).build() -> dict of components     .wire(ui, state)
 
 A handler takes the page's inputs one by one (as Gradio passes them, in the API's order),
-builds a ``Settings`` at once and returns a ``WatchViews``: every event that redraws the tab
-has these eight outputs, in this order. What the tab shows of a session comes from
-webapp/tabs/watch_views.py (drawn by webapp/watch_viz.py); the examples above the prompt
-from webapp/tabs/watch_examples.py; Play, one stream of Steps, from webapp/tabs/watch_play.py.
+reads its ``Settings`` out of them at once (``Settings.of(locals())``) and returns a
+``WatchViews``: every event that redraws the tab has these eight outputs, in this order.
+What the tab shows of a session comes from webapp/tabs/watch_views.py (drawn by
+webapp/watch_viz.py); the examples above the prompt from webapp/tabs/watch_examples.py;
+Play, one stream of Steps, from webapp/tabs/watch_play.py.
 To add an event: a method here that returns a WatchViews (``current_views``), wired in
 ``wire`` with ``outputs(ui, state)``; the page's own events send it ``.packed()``.
 """
@@ -111,7 +112,7 @@ class WatchTab:
     ):  # fmt: skip
         """Write n_tokens characters after the prompt (streaming), starting over from the
         prompt with the seed: the same arguments give the same text."""
-        settings = Settings(memory, mem_len, temperature, top_k, top_p, seed)
+        settings = Settings.of(locals())
         service = self.service
         state = service.ensure(state)
         s = state.session
@@ -143,7 +144,7 @@ class WatchTab:
         """One more character after the text so far (starting from the prompt when the
         text is empty or the prompt was edited)."""
         started = time.perf_counter()
-        settings = Settings(memory, mem_len, temperature, top_k, top_p, seed)
+        settings = Settings.of(locals())
         return self.step_with(settings, prompt, layer, head, state, started)
 
     def step_with(self, settings: Settings, prompt, layer, head, state, started=None):
@@ -228,7 +229,7 @@ class WatchTab:
         with it, as the next Step would)."""
         if state is None:  # nothing generated yet: the settings apply at the first step
             return gr.skip(), gr.skip(), state
-        settings = Settings(memory, mem_len, temperature, top_k, top_p, seed)
+        settings = Settings.of(locals())
         with self.service.using(state, mem_len):
             self.service.apply_settings(state.session, settings)
             _, text_view, status = text_views(state.session, layer, head)

@@ -134,7 +134,7 @@ class WatchPlay:
         """Play (/play): step the session until stopped; yield the page's outputs (the
         WatchViews, packed) of the newest step at most every PLAY_EVERY_S, and of the last
         step taken when it stops. The settings are /step's, as the page sent them."""
-        settings = Settings(memory, mem_len, temperature, top_k, top_p, seed)
+        settings = Settings.of(locals())
         service, control, visitor = self.service, self.control, visitor_of(request)
         play_id = as_play_id(play_id)
         state = service.ensure(state)
