@@ -46,7 +46,7 @@ from torch import Tensor
 from .cached import KVMemory, cached_forward
 from .model import TransformerXL
 from .predictions import MemoryEffect, Predictions, predictions, window_logits
-from .sampling import sample_next
+from .sampling import gumbel_choice, sample_next
 from .scoring import (
     CONTEXT_SWEEP_LENGTHS,
     MOMENT_CONTEXT,
@@ -462,15 +462,25 @@ class Session:
 
     # ---- generation -----------------------------------------------------------------
 
-    def step(self, capture: bool = True, terms: bool = True, token: int | None = None) -> StepTrace:
+    def step(
+        self,
+        capture: bool = True,
+        terms: bool = True,
+        token: int | None = None,
+        gumbel: Tensor | None = None,
+    ) -> StepTrace:
         """Sample one token from the pending logits, append it, run the model on it.
         capture: keep its attention (and, with ``terms``, its score terms: they read the
         keys a second time, ~10-30 % of a step). ``token``: append this token instead of
         sampling one (a text replayed, such as the character a Score found memory saved
-        the most on); its predictions are computed all the same."""
+        the most on); its predictions are computed all the same. ``gumbel``: [V] Gumbel
+        draws to choose with instead of the session's generator (``gumbel_choice``: the
+        same draws and the same distribution give the same token; txl/counterfactual.py)."""
         if self._logits is None:
             self.start("")
-        if token is None:
+        if token is None and gumbel is not None:
+            token = gumbel_choice(self._logits, gumbel, self._temperature, self._top_k, self._top_p)
+        elif token is None:
             token = int(
                 sample_next(
                     self._logits, self._temperature, self._top_k, self._top_p, self.generator
