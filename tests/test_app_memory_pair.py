@@ -44,11 +44,7 @@ def client(server) -> Client:
 
 
 def direct(txl_app, n: int, **overrides) -> MemoryPair:
-    settings = {**SETTINGS, **overrides}
-    pair = MemoryPair(txl_app.service.default_model, **settings)
-    pair.start(PROMPT)
-    list(pair.generate(n))
-    return pair
+    return direct_on(txl_app.service.default_model, n, **overrides)
 
 
 def pair_step(c, **overrides):
@@ -160,3 +156,27 @@ def test_open_in_watch_before_a_parting_says_so(server):
     tab = server[1].memory_pair
     with pytest.raises(Exception, match="not parted yet"):
         tab.open_in_watch(1.0, 0, 1.0, 0, None, None, None)
+
+
+def test_a_loaded_model_writes_both_sides(server, tmp_path):
+    """Load (the Watch tab's box: a folder or a Hub id) changes the visitor's model: the
+    next pair Step starts a pair of that model."""
+    _, txl_app = server
+    tab, service = txl_app.memory_pair, txl_app.service
+    view, _, state = tab.step(PROMPT, *SETTINGS.values(), None)
+    first = state.pair
+    service.model_dirs.append(tmp_path.resolve())
+    other = parting_model(tmp_path / "other")
+    state = service.load(other, state)
+    view, _, state = tab.step(PROMPT, *SETTINGS.values(), state)
+    assert state.pair is not first and state.pair.model is state.model is not first.model
+    assert view["steps"] == 1
+    assert view["memory_text"] == direct_on(state.model, 1).with_memory.text
+
+
+def direct_on(model, n: int, **overrides) -> MemoryPair:
+    """The pair the app's endpoints should give: a MemoryPair run in the test."""
+    pair = MemoryPair(model, **{**SETTINGS, **overrides})
+    pair.start(PROMPT)
+    list(pair.generate(n))
+    return pair

@@ -6,7 +6,6 @@ pair; the shipped examples rerun on the bundled weights give the speakers record
 from __future__ import annotations
 
 import hashlib
-import json
 
 import numpy as np
 import pytest
@@ -82,7 +81,9 @@ def test_the_view_is_the_pairs():
 
 def test_candidates_are_returns_from_beyond_the_window():
     filler = "Of all the things that I have seen, this is the strangest sight.\n"
-    text = "Enter ANNA and BORIS.\n\nANNA:\nHello there.\n\nBORIS:\n" + filler * 2 + "\nANNA:\nYes.\n"
+    text = (
+        "Enter ANNA and BORIS.\n\nANNA:\nHello there.\n\nBORIS:\n" + filler * 2 + "\nANNA:\nYes.\n"
+    )
     context = text.rindex("ANNA") - 2  # the prompt reaches into the first line
     found = list(find_memory_pairs.candidates(text, 0, len(text), context, 64, 256))
     assert len(found) == 1
@@ -109,7 +110,9 @@ def test_the_examples_are_measured_on_the_shipped_weights(report):
     torch.set_num_threads(1)
     for e in report["examples"]:
         assert val[e["start"] : e["position"]] == e["prompt"]
-        memory, window, steps = find_memory_pairs.run(model, e["prompt"], e["seed"], report["mem_len"])
+        memory, window, steps = find_memory_pairs.run(
+            model, e["prompt"], e["seed"], report["mem_len"]
+        )
         assert (memory, window, steps) == (e["memory_speaker"], e["window_speaker"], e["steps"])
         speakers = {n for _, n in viz.speaker_headings(e["prompt"])}
         assert memory == e["next_speaker"] in speakers and window not in speakers
