@@ -109,6 +109,23 @@ def test_generate_marks_the_parting_where_the_api_says(app_url, browser_page):  
     assert f"They part at position {part['position']}" in head
     assert page.is_visible(f"{VIEW} canvas.txl-pair-strip")
     assert f"{differ} characters differ" in page.inner_text("#pair_status")
+
+    # Open in Watch: the Watch tab, the shared text as its prompt, memory on; one Step
+    # there writes the memory side's character, with both predictions.
+    page.click("#pair_watch")
+    shared = expected["memory_text"][: part["position"]]
+    page.wait_for_function(
+        "([n]) => { const box = document.querySelector('#prompt textarea');"
+        " return box && box.offsetParent !== null && box.value.length === n; }",
+        arg=[len(shared)],
+    )
+    assert page.input_value("#prompt textarea") == shared
+    assert page.is_checked("#memory input[type=checkbox]")
+    page.wait_for_selector(f'#attention [data-position="{part["position"] - 1}"]')
+    page.click("#step")
+    page.wait_for_selector(f'#predictions .txl-pred[data-position="{part["position"]}"]')
+    chosen = page.get_attribute("#predictions .txl-pred-col .txl-pred-chosen", "data-token")
+    assert chosen == part["with_memory"]["char"]
     assert not [text for kind, text in log["console"] if kind == "error"]
 
 

@@ -116,3 +116,16 @@ def test_the_examples_are_measured_on_the_shipped_weights(report):
         assert (memory, window, steps) == (e["memory_speaker"], e["window_speaker"], e["steps"])
         speakers = {n for _, n in viz.speaker_headings(e["prompt"])}
         assert memory == e["next_speaker"] in speakers and window not in speakers
+
+
+def test_an_example_fills_the_prompt_and_settings(report):
+    from webapp.tabs.memory_pair import MemoryPairTab
+
+    tab = MemoryPairTab(service=None)  # choosing an example reads the file alone
+    prompt, mem_len, temperature, top_k, top_p, seed, n, guide = tab.choose_example("0", None)
+    e = report["examples"][0]
+    assert (prompt, seed, n) == (e["prompt"], e["seed"], e["n"])
+    assert (mem_len, temperature, top_k, top_p) == tuple(
+        report[k] for k in ("mem_len", "temperature", "top_k", "top_p")
+    )
+    assert e["memory_speaker"] in guide and e["window_speaker"] in guide
