@@ -121,8 +121,8 @@ def test_the_examples_are_measured_on_the_shipped_weights(report):
 def test_an_example_fills_the_prompt_and_settings(report):
     from webapp.tabs.memory_pair import MemoryPairTab
 
-    tab = MemoryPairTab(service=None)  # choosing an example reads the file alone
-    prompt, mem_len, temperature, top_k, top_p, seed, n, guide = tab.choose_example("0", None)
+    chosen = MemoryPairTab.choose_example("0")  # reads the file alone
+    prompt, mem_len, temperature, top_k, top_p, seed, n, guide = chosen
     e = report["examples"][0]
     assert (prompt, seed, n) == (e["prompt"], e["seed"], e["n"])
     assert (mem_len, temperature, top_k, top_p) == tuple(

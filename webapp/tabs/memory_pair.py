@@ -165,7 +165,7 @@ class MemoryPairTab:
             state.pair = state.pair_key = None
 
     @staticmethod
-    def views(pair: MemoryPair | None, sent: tuple | None = None) -> tuple[dict | None, str]:
+    def views(pair: MemoryPair | None) -> tuple[dict | None, str]:
         """(the pair's view, the status line)."""
         settings = None
         if pair is not None:
@@ -287,7 +287,8 @@ class MemoryPairTab:
             shown = current_views(state, layer, head)
         return (shared, True, mem_len, gr.Tabs(selected="watch"), *shown)
 
-    def choose_example(self, choice, state):
+    @staticmethod
+    def choose_example(choice):
         """An example: its prompt, settings, the words for it."""
         report = load_examples()
         if choice is None or report is None:
@@ -453,7 +454,7 @@ class MemoryPairTab:
         )
         ui["pair_example"].input(
             self.choose_example,
-            [ui["pair_example"], state],
+            [ui["pair_example"]],
             [ui["pair_prompt"], *settings, ui["pair_n"], ui["pair_guide"]],
             queue=False,
             **private,
