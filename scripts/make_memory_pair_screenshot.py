@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from _app_page import BUNDLED, ROOT, app_page
+
+sys.path.insert(0, str(ROOT))
+from webapp.tabs.memory_pair import EXAMPLES_LABEL, example_label  # noqa: E402
 
 VIEW = "#pair_view .txl-pair"
 
@@ -27,19 +31,19 @@ def main() -> None:
     parser.add_argument("--example", type=int, default=0, help="which example (default 0)")
     args = parser.parse_args()
     report = json.loads((ROOT / "webapp" / "tabs" / "memory_pairs.json").read_text())
-    n = report["examples"][args.example]["n"]
-    with app_page(args.model, 1400, 1100, timeout_ms=600_000) as page:
+    example = report["examples"][args.example]
+    n = example["n"]
+    with app_page(args.model, 1400, 1100, timeout_ms=300_000) as page:
         page.wait_for_selector("#step")
         page.get_by_role("tab", name="Memory on | off").click()
-        page.click("#pair_example")
-        page.get_by_role("option").nth(args.example).click()
+        page.get_by_label(EXAMPLES_LABEL, exact=True).click()
+        page.get_by_role("option", name=example_label(example), exact=True).click()
         page.wait_for_function(
             f"document.querySelector('#pair_n input[type=number]').value === '{n}'"
         )
         page.click("#pair_generate")
         page.wait_for_selector(f'{VIEW}[data-steps="{n}"]', state="attached")
         page.mouse.move(0, 0)
-        page.locator("#pair_view").evaluate("e => e.closest('.row, .gr-row, div').scrollIntoView()")
         page.get_by_role("tabpanel").screenshot(path=args.out)
         print(page.inner_text("#pair_status"))
         print(page.inner_text(f"{VIEW} .txl-pair-part"))

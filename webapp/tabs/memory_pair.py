@@ -53,6 +53,7 @@ PAIR_TEMPLATE = (
     '<div class="txl-pair-part"></div><canvas class="txl-pair-strip"></canvas>'
     '<div class="txl-tip"></div></div>'
 )
+EXAMPLES_LABEL = "Start here: a scene where memory brings a speaker back"
 SETTINGS = ("pair_mem_len", "pair_temperature", "pair_top_k", "pair_top_p", "pair_seed")
 HELP = """\
 **Two generations, one set of dice.** Each character is chosen by the Gumbel-max rule:
@@ -322,7 +323,7 @@ class MemoryPairTab:
                 ui["pair_example"] = gr.Dropdown(
                     choices,
                     value=None,
-                    label="Start here: a scene where memory brings a speaker back",
+                    label=EXAMPLES_LABEL,
                     elem_id="pair_example",
                 )
                 ui["pair_guide"] = gr.Markdown(example_guide(report, None), elem_id="pair_guide")
