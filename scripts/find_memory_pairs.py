@@ -31,10 +31,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from scripts.find_memory_moments import parse_positions, sha256, shown_path  # noqa: E402
+from scripts.find_memory_moments import (  # noqa: E402
+    parse_positions,
+    sha256,
+    shown_path,
+    validation_text,
+)
 from txl import TransformerXL  # noqa: E402
 from txl.counterfactual import MemoryPair  # noqa: E402
-from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
 from webapp.memory_pair_viz import HEADING, speaker_headings  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "weights" / "shakespeare-char"
@@ -102,11 +106,7 @@ def main(argv=None) -> int:
     os.nice(args.nice)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    data = args.data or tiny_shakespeare_path(ROOT)
-    try:
-        _, val = train_val_split(load_text(data, download=args.data is None))
-    except OSError as e:
-        parser.error(f"could not read Tiny Shakespeare ({e}): pass --data or set TXL_DATA")
+    data, val = validation_text(parser, args.data)
     model = TransformerXL.from_pretrained(args.model)
     c = model.config
     mem_len, seg_len = c.mem_len, c.tgt_len
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
         ),
         "model": shown_path(args.model),
         "model_sha256": sha256(args.model / "model.safetensors"),
-        "data": data.name if isinstance(data, Path) else str(data),
+        "data": data.name,
         "positions": [a, b],
         "seg_len": seg_len,
         "mem_len": mem_len,

@@ -7,13 +7,11 @@ leaves the Watch tab one Step before the parting point."""
 from __future__ import annotations
 
 import pytest
-import torch
 from gradio_client import Client
 
 import app
-from tests.test_app import MEM_LEN, VOCAB, new_client, serve
-from tests.test_counterfactual import peaked
-from txl import TransformerXL, TXLConfig
+from tests.test_app import MEM_LEN, new_client, serve
+from tests.test_counterfactual import tiny_float
 from txl.counterfactual import MemoryPair
 from webapp import memory_pair_viz
 
@@ -22,10 +20,8 @@ SETTINGS = dict(mem_len=MEM_LEN, temperature=1.0, top_k=0, top_p=1.0, seed=3)
 
 
 def parting_model(folder) -> str:
-    torch.manual_seed(1)
-    fields = dict(d_model=32, n_layer=2, n_head=2, d_head=8, d_inner=64, tgt_len=16)
-    config = TXLConfig(vocab=VOCAB, mem_len=MEM_LEN, dropout=0.0, **fields)
-    peaked(TransformerXL(config).eval()).save_pretrained(folder)
+    """A tiny model whose two sides part within a few dozen steps, saved to ``folder``."""
+    tiny_float(seed=1).save_pretrained(folder)
     return str(folder)
 
 

@@ -139,64 +139,20 @@
     render();
   }
 
-  // ---- Play: the Watch tab's stream for this tab's buttons ------------------------------
-  // #pair_play toggles; #pair_play_run streams pair Steps until #pair_play_stop (both send
-  // the Play number); #pair_play's data-loop is "running" until every stream has ended and
-  // its last views are painted. Step, Generate and Reset clicked while Play streams wait
-  // until it has ended, so that their answer comes after its last message.
-  const play = { on: false, id: 0, streams: 0 };
-  const button = () => document.querySelector("#pair_play");
-  function setPlaying(on) {
-    play.on = on;
-    const b = button();
-    if (b) {
-      b.textContent = on ? "Pause" : "Play";
-      b.classList.toggle("txl-playing", on);
-    }
-  }
-  function setRunning() {
-    const b = button();
-    if (b) b.dataset.loop = play.streams > 0 ? "running" : "stopped";
-  }
-  function stopPlay() {
-    setPlaying(false);
-    document.querySelector("#pair_play_stop")?.click();
-  }
-  function pairTogglePlay() {
-    if (play.on) return stopPlay();
-    const run = document.querySelector("#pair_play_run");
-    if (!run) return;
-    play.id += 1;
-    play.streams += 1;
-    setPlaying(true);
-    setRunning();
-    run.click();
-  }
-  const afterPlay = [];
-  function pairPlayEnded() {
-    play.streams = Math.max(0, play.streams - 1);
-    if (play.streams === 0) setPlaying(false);
-    requestAnimationFrame(() =>
-      requestAnimationFrame(() => {
-        setRunning();
-        if (!play.streams) afterPlay.splice(0).forEach((click) => click());
-      }),
-    );
-  }
-  const pairWithPlayId = (...inputs) => [play.id, ...inputs.slice(1)];
-  const STOPPERS = ["pair_step", "pair_generate", "pair_reset"];
-  document.addEventListener(
-    "click",
-    (e) => {
-      const b = e.target.closest && e.target.closest("button");
-      if (!play.streams || !b || !STOPPERS.includes(b.id)) return;
-      e.stopPropagation();
-      e.preventDefault();
-      if (play.on) stopPlay();
-      afterPlay.push(() => b.click());
-    },
-    true,
-  );
+  // ---- Play: the Watch tab's stream for this tab's buttons (TXL.makePlay, views.js) --
+  // Step, Generate and Reset clicked while Play streams wait until it has ended, so that
+  // their answer comes after its last message.
+  const play = TXL.makePlay({
+    button: "pair_play",
+    run: "pair_play_run",
+    stop: "pair_play_stop",
+    stoppers: ["pair_step", "pair_generate", "pair_reset"],
+  });
 
-  Object.assign(window.TXL, { mountPair, pairTogglePlay, pairPlayEnded, pairWithPlayId });
+  Object.assign(window.TXL, {
+    mountPair,
+    pairTogglePlay: play.togglePlay,
+    pairPlayEnded: play.playEnded,
+    pairWithPlayId: play.withPlayId,
+  });
 })();
