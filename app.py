@@ -45,6 +45,7 @@ from webapp.inputs import name_input_errors  # noqa: E402
 from webapp.serve import ROOT, DemoService, env_int  # noqa: E402
 from webapp.tabs.anatomy import AnatomyTab  # noqa: E402
 from webapp.tabs.examples import EXAMPLES  # noqa: E402
+from webapp.tabs.memory_pair import MemoryPairTab  # noqa: E402
 from webapp.tabs.recall import RecallTab  # noqa: E402
 from webapp.tabs.score import ScoreTab  # noqa: E402
 from webapp.tabs.watch import WatchTab  # noqa: E402
@@ -66,6 +67,7 @@ class Demo:
         self.score = ScoreTab(service)
         self.recall = RecallTab(service)
         self.anatomy = AnatomyTab(service)
+        self.memory_pair = MemoryPairTab(service)
 
     @classmethod
     def serving(cls, *args, **kwargs) -> Demo:
@@ -74,7 +76,7 @@ class Demo:
         return cls(DemoService(*args, **kwargs))
 
     def build(self) -> gr.Blocks:
-        """The page: a header and four tabs, each laid out, then wired (a tab's events may
+        """The page: a header and five tabs, each laid out, then wired (a tab's events may
         reach another tab's components: Watch it, the Load box's mem_len)."""
         visitors = self.service.visitors
         with gr.Blocks(title="Transformer-XL memory", delete_cache=(600, 3600)) as demo:
@@ -89,11 +91,14 @@ class Demo:
                     ui.update(self.recall.build())
                 with gr.Tab("Inside the attention", id="anatomy"):
                     ui.update(self.anatomy.build(EXAMPLES))
+                with gr.Tab("Memory on | off", id="memory_pair"):
+                    ui.update(self.memory_pair.build())
             ui["tabs"] = tabs  # Watch it (the Score and Recall tabs) switches to the Watch tab
-            for tab in (self.watch, self.score, self.recall, self.anatomy):
+            for tab in (self.watch, self.score, self.recall, self.anatomy, self.memory_pair):
                 tab.wire(ui, state)
             # Every number and checkbox refuses a bad value by its API name.
             api_names = {"score_mem": "mem_len", "anatomy_mem": "mem_len", "recall_mem": "mem_len"}
+            api_names.update({k: k.removeprefix("pair_") for k in ui if k.startswith("pair_")})
             name_input_errors((api_names.get(k, k), c) for k, c in ui.items())
         return demo
 

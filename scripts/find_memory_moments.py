@@ -74,6 +74,17 @@ def shown_path(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def validation_text(parser: argparse.ArgumentParser, data: Path | None) -> tuple[Path, str]:
+    """(the file, Tiny Shakespeare's validation text): ``data`` (--data) or the repository's
+    copy (downloaded when missing); the parser's error when it cannot be read."""
+    path = data or tiny_shakespeare_path(ROOT)
+    try:
+        _, val = train_val_split(load_text(path, download=data is None))
+    except OSError as e:
+        parser.error(f"could not read Tiny Shakespeare ({e}): pass --data or set TXL_DATA")
+    return path, val
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="a model folder")
@@ -102,11 +113,7 @@ def main(argv=None) -> int:
     os.nice(args.nice)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    data = args.data or tiny_shakespeare_path(ROOT)
-    try:
-        _, val = train_val_split(load_text(data, download=args.data is None))
-    except OSError as e:
-        parser.error(f"could not read Tiny Shakespeare ({e}): pass --data or set TXL_DATA")
+    data, val = validation_text(parser, args.data)
     weights = args.model / "model.safetensors"
     if not weights.is_file():
         parser.error(f"{args.model} is not a model folder (it has no model.safetensors)")

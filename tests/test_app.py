@@ -35,6 +35,7 @@ from webapp.tabs.examples import ROMEO_AND_JULIET  # noqa: E402
 VOCAB = sorted(set("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
 SEG_LEN, MEM_LEN = 16, 32
 PUBLIC = {"/generate", "/step", "/reset", "/score", "/load_model", "/anatomy", "/recall"}
+PUBLIC |= {"/pair_step", "/pair_generate"}  # the "Memory on | off" tab
 
 
 def tiny_model(folder, n_layer=2, seed=0):

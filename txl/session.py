@@ -53,7 +53,7 @@ from .cached import KVMemory, cached_forward
 from .checks import as_int, check_seed, check_temperature, check_top_p
 from .model import TransformerXL
 from .predictions import MemoryEffect, Predictions, add_counterfactual, predictions
-from .sampling import sample_next
+from .sampling import gumbel_choice, sample_next
 from .scoring import window_logits, window_scores
 
 # Generate's counterfactual: the windows of this many generated tokens go to the
@@ -487,18 +487,24 @@ class Session:
         terms: bool = True,
         token: int | None = None,
         behind: bool = False,
+        gumbel: Tensor | None = None,
     ) -> StepTrace:
         """Sample one token from the pending logits, append it, run the model on it.
         capture: keep its attention (and, with ``terms``, its score terms: they read the
         keys a second time, ~10-30 % of a step). ``token``: append this token instead of
         sampling one (a text replayed, such as the character a Score found memory saved
         the most on); its predictions are computed all the same. ``behind``: its
-        counterfactual (memory on) comes later, in a batch (``generate``); else now."""
+        counterfactual (memory on) comes later, in a batch (``generate``); else now.
+        ``gumbel``: [V] Gumbel draws to choose with instead of the session's generator
+        (``gumbel_choice``: the same draws and the same distribution give the same token;
+        txl/counterfactual.py)."""
         if not behind:
             self.settle()  # the tokens before it first: the memory effect is in text order
         if self._logits is None:
             self.start("")
-        if token is None:
+        if token is None and gumbel is not None:
+            token = gumbel_choice(self._logits, gumbel, self._temperature, self._top_k, self._top_p)
+        elif token is None:
             token = int(
                 sample_next(
                     self._logits, self._temperature, self._top_k, self._top_p, self.generator

@@ -378,20 +378,7 @@ class DemoService:
     def start_from_prompt(s: Session, prompt: str, capture: bool = False) -> None:
         """The session's text starts over from ``prompt`` (unknown characters replaced or
         dropped, and the page told which)."""
-        prompt = prompt or ""
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(
-                f"the prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}"
-            )
-        dropped = s.start(prompt, capture)
-        if dropped:
-            how = (
-                "replaced by " + repr(s.tokenizer.unk_symbol)
-                if s.unknown_mode == "replace"
-                else "dropped"
-            )
-            shown = ", ".join(repr(c) for c in dropped[:12])
-            gr.Warning(f"Characters the model does not know were {how}: {shown}")
+        warn_unknown(s, s.start(check_prompt(prompt), capture))
 
     def load(self, source: str, state: VisitorState | None, progress=None) -> VisitorState:
         """Load a model (a folder or a Hub repo id) for this visitor only: the same
@@ -413,6 +400,29 @@ class DemoService:
             s.set_seed(old.seed)
             state.source, state.session = new.source, s
         return state
+
+
+def check_prompt(prompt: str | None) -> str:
+    """The prompt as text, or a ValueError when it is longer than MAX_PROMPT_CHARS."""
+    prompt = prompt or ""
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(
+            f"the prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}"
+        )
+    return prompt
+
+
+def warn_unknown(s: Session, dropped: list[str]) -> None:
+    """Tell the page which characters of a prompt the model does not know (and what
+    became of them: ``Session.start``'s unknowns)."""
+    if dropped:
+        how = (
+            "replaced by " + repr(s.tokenizer.unk_symbol)
+            if s.unknown_mode == "replace"
+            else "dropped"
+        )
+        shown = ", ".join(repr(c) for c in dropped[:12])
+        gr.Warning(f"Characters the model does not know were {how}: {shown}")
 
 
 def display_source(source: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from txl.counterfactual import MemoryPair
 from txl.model import TransformerXL
 from txl.scoring import ScoreResult
 from txl.session import Session
@@ -36,6 +37,15 @@ class VisitorState:
     # What Watch it left for the next Step: (prompt, tokens, token): while the session
     # still holds that prompt's tokens alone, the Step writes the text's own token.
     replay: tuple[str, int, int] | None = field(default=None, repr=False)
+    # The "Memory on | off" tab's two generations (a txl.counterfactual.MemoryPair), made
+    # at its first Step, and the prompt and settings they run with
+    pair: MemoryPair | None = field(default=None, repr=False)
+    pair_key: tuple | None = field(default=None, repr=False)
+
+    @property
+    def sessions(self) -> list[Session]:
+        """Every Session this visitor holds: the Watch tab's, and the pair's two."""
+        return [self.session, *(self.pair.sessions if self.pair is not None else ())]
 
     @property
     def model(self) -> TransformerXL:
@@ -85,10 +95,11 @@ class Visitors:
         try:
             if idle is not None and time.monotonic() - state.last_used <= idle:
                 return False
-            state.session.reset()
             state.expired = self._freed = True
-            if self.on_release is not None:
-                self.on_release(state.session)
+            for session in state.sessions:
+                session.reset()
+                if self.on_release is not None:
+                    self.on_release(session)
             return True
         finally:
             state.lock.release()

@@ -44,7 +44,7 @@
   function painter(render) {
     let queued = false;
     return () => {
-      if (!play.streams) return render();
+      if (!plays.some((play) => play.streams)) return render();
       if (queued) return;
       queued = true;
       requestAnimationFrame(() => {
@@ -370,68 +370,85 @@
   // views of its last step and ends. The page numbers its Plays (playId: both events
   // send it), so that a Pause stops the Play before it even when that Play is still queued.
 
-  // on: the user wants Play; streams: Play events not yet ended. #play's data-loop says
-  // "running" until every stream has ended and its last views are painted, then "stopped",
-  // so that a test (or a user script) can wait for the session to be still.
-  const play = { on: false, id: 0, streams: 0 };
-  function setPlaying(on) {
-    play.on = on;
-    const button = document.querySelector("#play");
-    if (button) {
-      button.textContent = on ? "Pause" : "Play";
-      button.classList.toggle("txl-playing", on);
+  // A Play: its buttons by id (``button`` the page shows, ``run`` and ``stop`` the hidden
+  // triggers of its stream and of Pause; ``stoppers``, the buttons that stop it), and its
+  // state. on: the user wants Play; streams: Play events not yet ended. The button's
+  // data-loop says "running" until every stream has ended and its last views are
+  // painted, then "stopped", so that a test (or a user script) can wait for the session
+  // to be still. The Watch tab's Play below; the "Memory on | off" tab makes its own
+  // (webapp/web/pair.js).
+  const plays = [];
+  function makePlay({ button, run, stop, stoppers }) {
+    const play = { on: false, id: 0, streams: 0 };
+    plays.push(play);
+    const shown = () => document.querySelector(`#${button}`);
+    function setPlaying(on) {
+      play.on = on;
+      const b = shown();
+      if (b) {
+        b.textContent = on ? "Pause" : "Play";
+        b.classList.toggle("txl-playing", on);
+      }
     }
-  }
-  function setRunning() {
-    const button = document.querySelector("#play");
-    if (button) button.dataset.loop = play.streams > 0 ? "running" : "stopped";
-  }
-  function togglePlay() {
-    if (play.on) return stopPlay();
-    const run = document.querySelector("#play_run");
-    if (!run) return;
-    play.id += 1;
-    play.streams += 1;
-    setPlaying(true);
-    setRunning();
-    run.click();
-  }
-  function stopPlay() {
-    setPlaying(false);
-    document.querySelector("#play_stop")?.click();
-  }
-  // A Play event ended (paused, stopped by an error such as the text cap, or by another
-  // event): "stopped" once its last views are on screen (painter draws them at the next
-  // frame; the frame after it has them).
-  function playEnded() {
-    play.streams = Math.max(0, play.streams - 1);
-    if (play.streams === 0) setPlaying(false);
-    requestAnimationFrame(() =>
-      requestAnimationFrame(() => {
-        setRunning();
-        if (!play.streams) afterPlay.splice(0).forEach((click) => click());
-      }),
+    function setRunning() {
+      const b = shown();
+      if (b) b.dataset.loop = play.streams > 0 ? "running" : "stopped";
+    }
+    function togglePlay() {
+      if (play.on) return stopPlay();
+      const trigger = document.querySelector(`#${run}`);
+      if (!trigger) return;
+      play.id += 1;
+      play.streams += 1;
+      setPlaying(true);
+      setRunning();
+      trigger.click();
+    }
+    function stopPlay() {
+      setPlaying(false);
+      document.querySelector(`#${stop}`)?.click();
+    }
+    // A Play event ended (paused, stopped by an error such as the text cap, or by another
+    // event): "stopped" once its last views are on screen (painter draws them at the next
+    // frame; the frame after it has them).
+    function playEnded() {
+      play.streams = Math.max(0, play.streams - 1);
+      if (play.streams === 0) setPlaying(false);
+      requestAnimationFrame(() =>
+        requestAnimationFrame(() => {
+          setRunning();
+          if (!play.streams) afterPlay.splice(0).forEach((click) => click());
+        }),
+      );
+    }
+    // The Play number the run and stop triggers send (their js: the first input replaced).
+    const withPlayId = (...inputs) => [play.id, ...inputs.slice(1)];
+    // The stoppers stop Play. The click waits until the stream has ended (its last views
+    // painted), then goes on: so its answer comes after the stream's last message, never
+    // before it.
+    const afterPlay = [];
+    document.addEventListener(
+      "click",
+      (e) => {
+        const b = e.target.closest && e.target.closest("button");
+        if (!play.streams || !b || !stoppers.includes(b.id)) return;
+        e.stopPropagation();
+        e.preventDefault();
+        if (play.on) stopPlay();
+        afterPlay.push(() => b.click());
+      },
+      true,
     );
+    return { togglePlay, playEnded, withPlayId };
   }
-  // The Play number #play_run and #play_stop send (their js: the first input replaced).
-  const withPlayId = (...inputs) => [play.id, ...inputs.slice(1)];
-  // Reset, Load, Generate and Continue stop Play; so does a Step clicked by hand. The
-  // click waits until the stream has ended (its last views painted), then goes on: so
-  // its answer comes after the stream's last message, never before it.
-  const STOPPERS = ["reset", "load", "generate", "continue", "step"];
-  const afterPlay = [];
-  document.addEventListener(
-    "click",
-    (e) => {
-      const button = e.target.closest && e.target.closest("button");
-      if (!play.streams || !button || !STOPPERS.includes(button.id)) return;
-      e.stopPropagation();
-      e.preventDefault();
-      if (play.on) stopPlay();
-      afterPlay.push(() => button.click());
-    },
-    true,
-  );
+  // Reset, Load, Generate and Continue stop the Watch tab's Play; so does a Step clicked
+  // by hand.
+  const { togglePlay, playEnded, withPlayId } = makePlay({
+    button: "play",
+    run: "play_run",
+    stop: "play_stop",
+    stoppers: ["reset", "load", "generate", "continue", "step"],
+  });
 
-  window.TXL = { unpack, painter, mountAttention, mountText, togglePlay, playEnded, withPlayId, viridis, effectAt, effectColor, effectTip, visible };
+  window.TXL = { unpack, painter, makePlay, mountAttention, mountText, togglePlay, playEnded, withPlayId, viridis, effectAt, effectColor, effectTip, visible };
 })();
