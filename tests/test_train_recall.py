@@ -65,7 +65,9 @@ def losses(run: Path) -> dict[int, float]:
 def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert driver.law_tokens(8, 64, 5.7) == 11_340_573  # 10^5.7 * sqrt(512)
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    first, second, content, names, fresh, text, more_names, spoken, words, scenes = plan.phases
+    first, second, content, names, fresh, text, more_names, spoken, words, scenes, casts = (
+        plan.phases
+    )
     assert plan.tokens(first) == driver.law_tokens(8, 64, 5.7)
     assert plan.steps(first) == 22_150  # ceil(11,340,573 / (8 x 64))
     assert plan.tokens(second) == plan.tokens(first)  # as many as phase 1, until it has run
@@ -77,14 +79,16 @@ def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert plan.tokens(spoken) == 6_000_000
     assert plan.tokens(words) == 5_000_000
     assert plan.tokens(scenes) == 4_500_000
+    assert plan.tokens(casts) == 2_000_000 and plan.steps(casts) == 3_907  # B 8
 
 
 def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_from_them(
     driver, tmp_path
 ):
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    *earlier, words, scenes = plan.phases
-    assert all(plan.shipped(p) for p in (*earlier, words)) and not plan.shipped(scenes)
+    *earlier, words, scenes, casts = plan.phases
+    assert all(plan.shipped(p) for p in (*earlier, words))
+    assert not plan.shipped(scenes) and not plan.shipped(casts)
     assert plan.start_from(scenes) == ROOT / "weights" / "shakespeare-char"
     assert "| phase6-words | 16 x 64 | 5,000,000 (5000000) | 0 | — | shipped |" in (
         driver.table(plan)
