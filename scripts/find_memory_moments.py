@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from txl import TransformerXL  # noqa: E402
 from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
-from txl.moments import find_moments, passage_record  # noqa: E402
+from txl.moments import LINE_SEARCH, find_moments, passage_record  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "weights" / "shakespeare-char"
 DEFAULT_OUT = ROOT / "webapp" / "tabs" / "memory_moments.json"
@@ -97,7 +97,11 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--k", type=int, default=4, help="passages to keep (default 4)")
     parser.add_argument(
-        "--context", type=int, default=600, help="characters of passage before each (~600)"
+        "--context",
+        type=int,
+        default=None,
+        help="characters of passage before each (default: a line more than the segment and "
+        "the memory: 720 for the bundled model, whose memory is 512)",
     )
     parser.add_argument(
         "--shortlist",
@@ -118,6 +122,8 @@ def main(argv=None) -> int:
     if not weights.is_file():
         parser.error(f"{args.model} is not a model folder (it has no model.safetensors)")
     model = TransformerXL.from_pretrained(args.model)
+    if args.context is None:  # the passage fills the segment and the memory, from a line start
+        args.context = model.config.tgt_len + model.config.mem_len + LINE_SEARCH + 64
     a, b = args.positions
     b = min(b, len(val))
     print(
