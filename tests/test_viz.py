@@ -254,6 +254,12 @@ def test_status_markdown():
     assert "**65**" in line and "2.3 ms" in line
     off = {"memory": False, "tokens": 0, "mem_len": 128, "bytes": 0, "context": 64}
     assert "Memory **off**" in watch_viz.status_markdown(off, 200)
+    # Memory off speaks of no memory: not what it saved on earlier steps (memory on then),
+    # nor a share beyond the window (nothing lies there).
+    line = watch_viz.status_markdown(off, 200, saved=(1.7, 130), beyond=(0.0, 64, "layer 0"))
+    assert line.startswith("Memory **off**")
+    assert "saved" not in line and "beyond the window" not in line
+    assert "memory saved **1.7 bits**" in watch_viz.status_markdown(on, 200, saved=(1.7, 130))
 
 
 def score_result(n=100, sliding=True):

@@ -35,6 +35,9 @@ class VisitorState:
     # What Watch it left for the next Step: (prompt, tokens, token): while the session
     # still holds that prompt's tokens alone, the Step writes the text's own token.
     replay: tuple[str, int, int] | None = field(default=None, repr=False)
+    # (position, token) of the last step that wrote a given token (the text's own: Watch
+    # it's, an example's), not a sampled one; None once the text starts over.
+    given: tuple[int, int] | None = field(default=None, repr=False)
 
     @property
     def model(self) -> TransformerXL:

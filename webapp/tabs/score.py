@@ -194,7 +194,7 @@ class ScoreTab:
             s = state.session
             self.service.apply_settings(s, Settings(True, mem_len, *sampling))
             self.service.start_from_prompt(s, prompt, capture=True)
-            state.replay = (s.prompt, len(s.ids), token)
+            state.replay, state.given = (s.prompt, len(s.ids), token), None
         return prompt
 
     # -- the page --
