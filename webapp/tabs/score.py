@@ -18,6 +18,7 @@ import time
 
 import gradio as gr
 
+from txl.scoring import CONTEXT_SWEEP_LENGTHS
 from txl.session import Session
 from webapp import score_viz
 from webapp.budget import note_heap_use
@@ -55,9 +56,7 @@ class ScoreTab:
             raise gr.Error(
                 f"The text is {len(text):,} characters; the limit is {MAX_SCORE_CHARS:,}."
             )
-        model = self.service.model_for(state)
-        unknown = "replace" if model.tokenizer.unk_symbol is not None else "ignore"  # as Session
-        if len(model.tokenizer.encode(text, errors=unknown)) < 2:
+        if token_count(self.service.model_for(state), text) < 2:
             raise gr.Error("Nothing to score: paste at least two characters the model knows.")
 
     def score_click(self, text, state: VisitorState | None) -> None:
@@ -84,10 +83,16 @@ class ScoreTab:
             mem_len = min(mem_len, self.service.mem_cap(state.model))
             scorer = Session(state.model, mem_len=mem_len)  # the user's text stays untouched
         sliding = len(text) <= MAX_SLIDING_CHARS
+        stages = 3 if sliding else 2  # the reads, the sweep, the sliding window
         unit, seg_len = scorer.tokenizer.unit, scorer.seg_len
         job = self.service.traffic.start_job(owner=state)
         sent = 0.0
+        skip = gr.skip()
         try:
+            # Where the Score is, from its start: the stage, what it has done, what is left.
+            n = token_count(state.model, text)
+            reading = score_viz.reading_progress_markdown(n, stages, unit)
+            yield skip, reading, skip, skip, skip, state
             for stage in scorer.score_stages(text, sliding=sliding, pace=job.turn):
                 result, sweep = stage.result, stage.sweep
                 summary = score_viz.score_markdown(result, seg_len, mem_len, unit=unit)
@@ -109,11 +114,14 @@ class ScoreTab:
                         state,
                     )
                     return
-                if sliding:
-                    summary += "\n\n" + score_viz.sliding_progress_markdown(
-                        stage.done, stage.total, stage.seconds_left, seg_len, unit
+                if stage.kind == "reads":
+                    summary += "\n\n" + score_viz.sweep_progress_markdown(
+                        result, CONTEXT_SWEEP_LENGTHS, stages, unit
                     )
-                skip = gr.skip()
+                elif sliding:
+                    summary += "\n\n" + score_viz.sliding_progress_markdown(
+                        stage.done, stage.total, stage.seconds_left, seg_len, unit, stages
+                    )
                 if stage.kind == "reads":
                     sent = time.monotonic()
                     yield (
@@ -285,6 +293,12 @@ class ScoreTab:
             ui["score"], self.score_click, check, self.score, score, score_outputs, "score"
         )
         stream.success(self.score_moments, [state], [ui["moments"], ui["moment"]], **private)
+
+
+def token_count(model, text: str) -> int:
+    """The tokens of ``text`` a Score reads (unknown characters as the Session treats them)."""
+    unknown = "replace" if model.tokenizer.unk_symbol is not None else "ignore"  # as Session
+    return len(model.tokenizer.encode(text, errors=unknown))
 
 
 SCORE_HELP = """\
