@@ -179,12 +179,13 @@ class WatchTab:
         tab), the moment's own; from an example's prompt alone, the character that follows
         it in its source (the guide above the prompt names it)."""
         token = replayed_token(state, prompt)
+        if token is not None:
+            return token
         s = state.session
         char = self.next_characters.get(s.text) if s.text == (prompt or "") else None
-        known = s.tokenizer.unit == "character" and char in s.tokenizer.stoi
-        if token is None and known:
-            token = s.tokenizer.stoi[char]
-        return token
+        if s.tokenizer.unit == "character" and char in s.tokenizer.stoi:
+            return s.tokenizer.stoi[char]
+        return None
 
     # The page's own Step, Generate and Continue: the API's outputs (the same inputs), the
     # four views' dicts packed as one JSON string each, which the page copies far faster.
