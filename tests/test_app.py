@@ -287,10 +287,10 @@ def test_step_summary_share_beyond_the_window_is_the_attention_views_weights_sum
     share = sum(text_view["w"][: attention["pos"] - SEG_LEN + 1 - text_view["w0"]])
     assert shown_share(status) == pytest.approx(100 * share, abs=0.051)
     assert " %** (layer 1, head 0;" in status
-    # Memory off: nothing lies beyond the window.
+    # Memory off: nothing lies beyond the window, and the status line speaks of no memory.
     off = step(client, memory=False)
     assert off[5]["far_mass_per_layer"] == [0.0, 0.0] and off[3]["n_far_cols"] == 0
-    assert off[2].startswith("attention beyond the window: **0.0 %**")
+    assert off[2].startswith("Memory **off**") and "beyond the window" not in off[2]
 
 
 def test_step_returns_the_attention_of_the_new_character(client):
