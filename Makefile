@@ -5,10 +5,12 @@ PY     := $(VENV)/bin/python
 
 .PHONY: run test test-kernels lint bench clean chromium
 
+# --retries 0: requirements.txt names PyTorch's CPU index; on a machine that reaches PyPI
+# alone pip would retry that host 5 times for every package (~8 minutes), and asks once.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --retries 0 -r requirements-dev.txt
 	touch $@
 
 run: $(VENV)/.installed

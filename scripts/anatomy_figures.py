@@ -60,6 +60,7 @@ def main(argv=None) -> None:
         for name, figure in figures.items():
             (out / f"anatomy-{name}-mem{mem_len}.png").write_bytes(anatomy_viz.figure_png(figure))
         print(f"## mem_len {mem_len}: {time.perf_counter() - started:.1f} s\n")
+        print(anatomy_viz.reading_sentence(result), "\n")
         print(anatomy_viz.anatomy_markdown(result), "\n")
 
 

@@ -289,10 +289,10 @@ def test_step_summary_share_beyond_the_window_is_the_attention_views_weights_sum
     share = sum(text_view["w"][: attention["pos"] - SEG_LEN + 1 - text_view["w0"]])
     assert shown_share(status) == pytest.approx(100 * share, abs=0.051)
     assert " %** (layer 1, head 0;" in status
-    # Memory off: nothing lies beyond the window.
+    # Memory off: nothing lies beyond the window, and the status line speaks of no memory.
     off = step(client, memory=False)
     assert off[5]["far_mass_per_layer"] == [0.0, 0.0] and off[3]["n_far_cols"] == 0
-    assert off[2].startswith("attention beyond the window: **0.0 %**")
+    assert off[2].startswith("Memory **off**") and "beyond the window" not in off[2]
 
 
 def test_step_returns_the_attention_of_the_new_character(client):
@@ -481,18 +481,27 @@ def test_score_skips_the_sliding_window_of_long_texts(server, client, monkeypatc
 
 
 def test_score_streams_its_stages_and_ends_with_the_direct_sliding_window(server, client):
-    """submit() sees the stages: memory and segments alone first (no sliding window yet,
-    its progress in the summary), the sweep, then all five outputs; the sliding window's
-    bpc is sliding_nll's, computed directly."""
+    """submit() sees the stages, each summary saying where the Score is: at once, the first
+    of three stages under way; memory and segments alone (no sliding window yet: the sweep
+    under way), the sweep, then all five outputs; the sliding window's bpc is
+    sliding_nll's, computed directly."""
     from txl.scoring import sliding_nll
 
     text = SCORE_TEXT * 3
     job = client.submit(text=text, mem_len=MEM_LEN, api_name="/score")
     job.result()  # waits for the end
     stages = job.outputs()
-    assert len(stages) >= 3
-    first_plot, first_summary, first_numbers = stages[0][:3]
-    assert first_plot["type"] == "plotly" and "sliding window" in first_summary
+    assert len(stages) >= 4
+    assert stages[0][1] == (
+        f"⏳ **Stage 1 of 3**: reading the {len(text):,} characters with memory and in "
+        "segments alone…"
+    )
+    first_plot, first_summary, first_numbers = stages[1][:3]
+    assert first_plot["type"] == "plotly" and "**Stage 2 of 3**: how far back" in first_summary
+    assert "more reads" in first_summary and "then the sliding window" in first_summary
+    sliding = [out[1] for out in stages[2:-1] if "Stage 3 of 3" in out[1]]
+    assert sliding and all("the sliding window of" in line for line in sliding)
+    assert "Stage" not in stages[-1][1]  # done: no progress line
     assert first_numbers["bpc"]["sliding_window"] is None
     assert math.isfinite(first_numbers["bpc"]["memory"])
     assert any(
@@ -513,9 +522,11 @@ def test_a_new_score_cancels_the_sessions_running_one(server):
     txl_app = server[1]
     state = txl_app.service.ensure(None)
     old = txl_app.score.score(SCORE_TEXT * 3, MEM_LEN, state)
+    assert "Stage 1 of 3" in next(old)[1]  # where it is, at once
     assert next(old)[2]["bpc"]["sliding_window"] is None  # the reads: the job is running
     new = txl_app.score.score(SCORE_TEXT, MEM_LEN, state)
-    assert next(new)[2]["tokens"] == len(SCORE_TEXT) - 1  # starting it cancelled the old
+    assert "Stage 1 of 3" in next(new)[1]  # starting it cancelled the old
+    assert next(new)[2]["tokens"] == len(SCORE_TEXT) - 1
     assert list(next(old)[:5]) == [gr.skip()] * 5
     with pytest.raises(StopIteration):
         next(old)

@@ -103,8 +103,9 @@ def test_anatomy_returns_the_profiles_and_both_figures(server, client):
     status, words, fig5, fig7, numbers, file, heads = client.predict(
         text=TEXT, mem_len=MEM_LEN, order="mean", head="all heads", api_name="/anatomy"
     )
-    assert "Read 172 characters" in status and "figures drawn" in status
+    assert "Read **172 characters** in 11 segments" in status and "figures drawn" in status
     assert "Farthest-reading heads" in words and "The paper" in words
+    assert "Read" not in words  # said once, in the status line
     for figure in (fig5, fig7):
         assert Path(figure["path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert numbers["tokens"] == len(TEXT) and numbers["mem_len"] == MEM_LEN

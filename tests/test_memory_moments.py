@@ -203,9 +203,10 @@ def test_the_script_writes_what_the_tab_reads(tmp_path, capsys):
         assert val[m["start"] : m["position"]] == m["passage"] and val[m["position"]] == m["char"]
         assert val[m["position"] :].startswith(m["after"]) and "\n" not in m["after"][1:]
         assert f"position {m['position']:>7,}" in printed
-    assert watch_examples.label(report["moments"][0]).endswith(
-        f"memory {report['moments'][0]['bits_memory']:.2f} bits, "
-        f"window {report['moments'][0]['bits_window']:.2f}"
+    first = report["moments"][0]
+    assert watch_examples.label(first).endswith(
+        f" · {2 ** first['bits_saved']:,.0f}× likelier with memory "
+        f"({first['bits_memory']:.2f} bits; window {first['bits_window']:.2f})"
     )
     # Bad arguments: a clear message, no file written.
     with pytest.raises(SystemExit):

@@ -135,12 +135,16 @@ def test_pyproject_declares_what_txl_imports_and_the_app_extra_what_the_demo_add
 
 def test_requirements_txt_installs_the_package_and_the_app_with_the_same_versions():
     """What a Space installs (requirements.txt) is complete: every requirement of
-    pyproject.toml, the app's extra included, with the same version specifier."""
+    pyproject.toml, the app's extra included, with the same version specifier; and torch
+    comes from PyTorch's CPU index where it can be reached (a CPU Space: not the CUDA build
+    that PyPI serves on Linux)."""
     project = PYPROJECT["project"]
     wanted = project["dependencies"] + project["optional-dependencies"]["app"]
     lines = (ROOT / "requirements.txt").read_text().splitlines()
     listed = [line.split("#")[0].strip() for line in lines]
-    assert sorted(wanted) == sorted(line for line in listed if line)
+    options = [line for line in listed if line.startswith("-")]
+    assert options == ["--extra-index-url https://download.pytorch.org/whl/cpu"]
+    assert sorted(wanted) == sorted(line for line in listed if line and line not in options)
 
 
 @pytest.mark.slow

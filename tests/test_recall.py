@@ -319,7 +319,7 @@ def test_reach_counts_only_an_unbroken_run_from_the_shortest():
     assert "through the window (64) only within 32" in said
     nothing = recall_summary(fake_rows([4] * 7, [4] * 7), 64)
     assert "not recalled with memory at any distance" in nothing
-    assert "at no distance tried" in nothing
+    assert "; not recalled through the window (64) at any distance tried" in nothing
 
 
 def test_figure_numbers_and_words(model):

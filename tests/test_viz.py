@@ -254,6 +254,12 @@ def test_status_markdown():
     assert "**65**" in line and "2.3 ms" in line
     off = {"memory": False, "tokens": 0, "mem_len": 128, "bytes": 0, "context": 64}
     assert "Memory **off**" in watch_viz.status_markdown(off, 200)
+    # Memory off speaks of no memory: not what it saved on earlier steps (memory on then),
+    # nor a share beyond the window (nothing lies there).
+    line = watch_viz.status_markdown(off, 200, saved=(1.7, 130), beyond=(0.0, 64, "layer 0"))
+    assert line.startswith("Memory **off**")
+    assert "saved" not in line and "beyond the window" not in line
+    assert "memory saved **1.7 bits**" in watch_viz.status_markdown(on, 200, saved=(1.7, 130))
 
 
 def score_result(n=100, sliding=True):
@@ -276,6 +282,9 @@ def test_surprisal_figure_three_curves_with_times():
         "segments of 32 + memory of 64: 1.000 bpc (50 ms)",
     ]
     assert len(fig.data) == 6  # raw and rolling mean of each
+    # every raw curve drawn first, faint, under every mean: the window's hides none
+    assert [t.showlegend is False for t in fig.data] == [True] * 3 + [False] * 3
+    assert all(t.opacity == score_viz.RAW_OPACITY < 0.5 for t in fig.data[:3])
     assert "+1.000 vs segments of 32 read alone" in fig.layout.title.text
     assert "+0.250 vs the sliding window of 32" in fig.layout.title.text
     two = validated(score_viz.surprisal_figure_from_result(score_result(sliding=False)))
@@ -494,3 +503,17 @@ def test_moments_view_shades_by_the_bits_saved_and_lists_the_moments():
         "position", "char", "bits_memory", "bits_window", "bits_saved", "context"
     }
     assert score_viz.score_numbers(r)["moments"] is None  # before the sliding window is done
+
+
+def test_the_score_says_its_stage_what_it_did_and_what_is_left():
+    read = SimpleNamespace(mem_len=128, seconds_without=1.0, seconds_with=2.0, chars=["a"] * 99)
+    line = score_viz.sweep_progress_markdown(read, (0, 16, 32, 64, 128, 256), 3)
+    # four reads left (16, 32, 64, 256), each taken as 1 s + n/128 s: 6.875 s in all
+    assert line.startswith("⏳ **Stage 2 of 3**: how far back does it read?")
+    assert "memories of 0 to 256: 4 more reads of 100 characters, about 6.9 s" in line
+    assert line.endswith("then the sliding window.")
+    assert "sliding" not in score_viz.sweep_progress_markdown(read, (0, 128, 256), 2)
+    line = score_viz.sliding_progress_markdown(50, 200, 12.0, 64, stages=3)
+    assert line.startswith("⏳ **Stage 3 of 3**: **the sliding window of 64**")
+    assert "50 of 200 characters, about 12.0 s left" in line
+    assert "Stage 1 of 2" in score_viz.reading_progress_markdown(300, 2)

@@ -290,7 +290,7 @@ def recall_summary(
     said_win = (
         f"through the window ({window}) only within {win:,}"
         if win
-        else f"through the window ({window}) at no distance tried"
+        else f"not recalled through the window ({window}) at any distance tried"
     )
     return f"{said_mem}; {said_win} (recalled = under {threshold:g} bits per character)."
 

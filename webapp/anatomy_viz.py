@@ -107,6 +107,11 @@ PAPER_FIGURE_7 = (
     "attention's trend (near); (d), the global position bias, is flatter and gives "
     "relatively more weight to far positions."
 )
+# Why Figure 7 has three panels for four terms (said in the figure and in the words).
+WHY_NOT_C = (
+    "(c) u·k, a global bias on what each key is, is not drawn: it carries no distance (it "
+    "scores a key the same wherever it lies), and the paper's Figure 7 leaves it out too."
+)
 ORDERS = {
     "layer": "layer, then head",
     "mean": "mean distance, farthest first",
@@ -243,7 +248,8 @@ def terms_figure(
 ):
     """The paper's Figure 7: terms (a), (b), (d), each softmaxed alone, averaged by
     distance: three heatmaps with the rows of distance_figure (all heads), or for one
-    ``head`` (layer, head) three curves beside the head's real attention (dashed)."""
+    ``head`` (layer, head) three curves beside the head's real attention (dashed); a line
+    under the title says why (c) is not drawn (``WHY_NOT_C``)."""
     D = profile.shape[-1]
     buckets = distance_buckets(D)
     if head is None:
@@ -272,6 +278,8 @@ def terms_figure(
         axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=11)
+    height = fig.get_figheight()  # under the title, above the panels' titles
+    fig.text(0.5, 1 - 0.36 / height, WHY_NOT_C, ha="center", va="top", fontsize=8, color="#444")
     return fig
 
 
@@ -340,18 +348,27 @@ def _heads_in_words(table: list[dict], seg_len: int) -> str:
     )
 
 
+def reading_sentence(result, unit: str = "character") -> str:
+    """How the text was read: "Read **2,044 characters** in 32 segments of 64 over a memory
+    of 128, from an empty memory, in **2.9 s**." (the tab's status line says it; the
+    words under it do not say it again)."""
+    n_segments = math.ceil(result.n_tokens / result.seg_len)
+    return (
+        f"Read **{result.n_tokens:,} {unit}s** in {n_segments:,} segments of {result.seg_len} "
+        f"over a memory of {result.mem_len:,}, from an empty memory, in "
+        f"**{result.seconds:.1f} s**."
+    )
+
+
 def anatomy_markdown(result, unit: str = "character", top: int = 3) -> str:
     """Figures 5 and 7 in words: the farthest- and nearest-reading heads, and what each
-    term alone reads, beside what the paper found."""
+    term alone reads, beside what the paper found (how the text was read:
+    ``reading_sentence``)."""
     seg_len, profile = result.seg_len, result.attention
     table = sorted(head_table(profile, seg_len), key=lambda t: -t["mean_distance"])
     beyond = np.array([t["share_beyond_segment"] for t in table])
     overall = float(share_beyond(profile, seg_len).mean())
-    n_segments = math.ceil(result.n_tokens / seg_len)
     lines = [
-        f"Read **{result.n_tokens:,} {unit}s** in {n_segments:,} segments of {seg_len} over a "
-        f"memory of {result.mem_len:,}, from an empty memory, in **{result.seconds:.1f} s**.",
-        "",
         f"**Farthest-reading heads**: {_heads_in_words(table[:top], seg_len)}. "
         f"**Most local**: {_heads_in_words(table[::-1][:top], seg_len)}.",
         "",
@@ -369,7 +386,8 @@ def anatomy_markdown(result, unit: str = "character", top: int = 3) -> str:
             "**Each term alone** (Figure 7), mean distance and share "
             f"{seg_len}+ back averaged over the heads: "
             + ", ".join(f"({n}) {means[n]:.0f}, {far[n]:.0%}" for n in TERMS)
-            + f"; the real attention {float(mean_distance(profile).mean()):.0f}, {overall:.0%}.",
+            + f"; the real attention {float(mean_distance(profile).mean()):.0f}, {overall:.0%}. "
+            + WHY_NOT_C,
             "",
             PAPER_FIGURE_7,
         ]

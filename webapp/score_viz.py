@@ -25,6 +25,9 @@ from .figures import (
 # ---- does memory help? ---------------------------------------------------------------
 
 
+RAW_OPACITY = 0.2  # the per-character curves: faint, drawn under the means
+
+
 def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
     """Trailing mean over up to ``window`` values (shorter at the start)."""
     x = np.asarray(x, dtype=np.float64)
@@ -54,8 +57,8 @@ def surprisal_figure(
     seconds_sliding: float | None = None,
 ) -> go.Figure:
     """Per-character surprisal (bits), up to three curves: segments read alone, a sliding
-    window (``bits_sliding``, when given), and segments with memory. Faint raw values, bold
-    rolling means over ``window`` characters, the bpc and time of each in the legend;
+    window (``bits_sliding``, when given), and segments with memory. Faint raw values under
+    all the bold rolling means over ``window`` characters, the bpc and time of each in the legend;
     dotted lines at segment starts (where the segments read alone start from nothing).
     ``surprisal_figure_from_result`` takes a ScoreResult instead."""
     bits_with, bits_without = np.asarray(bits_with, float), np.asarray(bits_without, float)
@@ -72,10 +75,10 @@ def surprisal_figure(
     if bits_sliding is not None:
         curves.append(("sliding", bits_sliding, SLIDING_COLOR, bpc_sliding, seconds_sliding))
     curves.append(("with", bits_with, MEMORY_COLOR, bpc_with, seconds_with))
-    data = []
+    raw, smooth = [], []  # every raw curve under every rolling mean: none hides a mean
     for key, bits, color, bpc, seconds in curves:
         name = names[key]
-        data.append(
+        raw.append(
             {
                 "type": "scatter",
                 "x": x,
@@ -83,7 +86,7 @@ def surprisal_figure(
                 "mode": "lines",
                 "name": f"{name} (per char)",
                 "line": {"color": color, "width": 1},
-                "opacity": 0.3,
+                "opacity": RAW_OPACITY,
                 "text": labels,
                 "legendgroup": key,
                 "showlegend": False,
@@ -91,7 +94,7 @@ def surprisal_figure(
                 "<extra></extra>",
             }
         )
-        data.append(
+        smooth.append(
             {
                 "type": "scatter",
                 "x": x,
@@ -103,6 +106,7 @@ def surprisal_figure(
                 "hovertemplate": f"{name}, mean of last {window}: %{{y:.2f}} bits<extra></extra>",
             }
         )
+    data = raw + smooth
     shapes = []
     if seg_len and bits_with.size > seg_len:
         shapes = [
@@ -190,12 +194,54 @@ def score_markdown(result, seg_len: int, mem_len: int, unit: str = "character") 
     return text
 
 
-def sliding_progress_markdown(
-    done: int, total: int, seconds_left: float, window: int, unit: str = "character"
+# ---- where the Score is, while it streams ---------------------------------------------
+#
+# A Score has up to three stages (txl's score stages): the text read with memory and in
+# segments alone, the memory-length sweep, and the slow sliding window (for texts of up to
+# the tab's limit). Each line says which stage runs, what it has done and what is left.
+
+
+def stage_head(stage: int, stages: int) -> str:
+    return f"⏳ **Stage {stage} of {stages}**"
+
+
+def reading_progress_markdown(n: int, stages: int, unit: str = "character") -> str:
+    """Before the first stage is done: what it reads."""
+    return (
+        f"{stage_head(1, stages)}: reading the {n:,} {unit}s with memory and in segments "
+        "alone…"
+    )
+
+
+def sweep_progress_markdown(
+    result, mem_lens: Sequence[int], stages: int, unit: str = "character"
 ) -> str:
-    """The sliding window's progress while a Score streams: a bar, the {unit}s done of
+    """After the first stage: the sweep's reads still to do (those of ``mem_lens`` the
+    first stage has not read), and about how long they take, estimated from the first
+    stage's two reads (a read's time taken as linear in its memory length)."""
+    mem_len = result.mem_len
+    left = sorted(set(mem_lens) - {0, mem_len})
+    s0, s1 = result.seconds_without, result.seconds_with
+    per_position = (s1 - s0) / mem_len if mem_len > 0 else 0.0
+    seconds = sum(s0 + max(0.0, per_position) * n for n in left)
+    after = ", then the sliding window" if stages == 3 else ""
+    return (
+        f"{stage_head(2, stages)}: how far back does it read? The text read again with "
+        f"memories of {min(mem_lens):,} to {max(mem_lens):,}: {len(left)} more reads of "
+        f"{len(result.chars) + 1:,} {unit}s, about {_seconds(seconds).strip(' ()')} "
+        f"(from the first two reads' times){after}."
+    )
+
+
+def sliding_progress_markdown(
+    done: int, total: int, seconds_left: float, window: int, unit: str = "character", stages=3
+) -> str:
+    """The sliding window's progress, the last stage: a bar, the {unit}s done of
     ``total``, and the time left (unknown before the first chunk)."""
-    head = f"⏳ **The sliding window of {window}**, recomputed for every {unit}: "
+    head = (
+        f"{stage_head(stages, stages)}: **the sliding window of {window}**, recomputed for "
+        f"every {unit}: "
+    )
     if done <= 0:
         return head + f"starting ({total:,} {unit}s, one forward pass each)."
     left = f", about {_seconds(seconds_left).strip(' ()')} left" if seconds_left > 0 else ""

@@ -37,6 +37,9 @@ class VisitorState:
     # What Watch it left for the next Step: (prompt, tokens, token): while the session
     # still holds that prompt's tokens alone, the Step writes the text's own token.
     replay: tuple[str, int, int] | None = field(default=None, repr=False)
+    # (position, token) of the last step that wrote a given token (the text's own: Watch
+    # it's, an example's), not a sampled one; None once the text starts over.
+    given: tuple[int, int] | None = field(default=None, repr=False)
     # The "Memory on | off" tab's two generations (a txl.counterfactual.MemoryPair), made
     # at its first Step, and the prompt and settings they run with
     pair: MemoryPair | None = field(default=None, repr=False)

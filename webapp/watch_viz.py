@@ -116,7 +116,10 @@ def status_markdown(
     ``saved``: (bits, tokens) memory saved over the tokens produced with memory on
     (``MemoryEffect.bits_saved``), as a running total. ``beyond``: (share, window, which
     layer and head) of the newest token's attention beyond the window
-    (``beyond_window_share``), leading the line: what only memory gave it."""
+    (``beyond_window_share``), leading the line: what only memory gave it. Memory off,
+    the line speaks of neither: nothing lies beyond the window, and memory saves nothing."""
+    if not info["memory"]:
+        beyond = saved = None
     if info["memory"]:
         memory = (
             f"Memory **on** · {info['tokens']}/{info['mem_len']} tokens in memory "
@@ -464,13 +467,18 @@ def step_summary(
 
 
 def predictions_view(
-    trace, seg_len: int, unit: str = "character", history: tuple[int, int] | None = None
+    trace,
+    seg_len: int,
+    unit: str = "character",
+    history: tuple[int, int] | None = None,
+    given: bool = False,
 ) -> dict | None:
     """The two bar lists' data, as webapp/web/predictions.js draws them: the step's
     prediction with memory and without (``trace.predictions.as_dict()``, the API's
     summary["predictions"]), the position it was drawn for, whether memory was on, and the
     memory-off model's window (``seg_len``). None when the step has no predictions.
-    ``history``: (steps back, steps kept), when it shows an earlier step."""
+    ``history``: (steps back, steps kept), when it shows an earlier step. ``given``: the
+    step wrote the text's own token (``chosen``) rather than a sample."""
     predictions = getattr(trace, "predictions", None) if trace is not None else None
     if predictions is None:
         return None
@@ -480,6 +488,7 @@ def predictions_view(
         "memory": bool(trace.memory),
         "window": int(seg_len),
         "history": list(history) if history else None,
+        "given": bool(given),
         **predictions.as_dict(),
     }
 

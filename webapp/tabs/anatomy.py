@@ -55,8 +55,9 @@ head's attention weights are then averaged over all the queries by **how far bac
 key is (0 = the query itself). **Figure 5**: one row per head (`layer.head`); bright
 cells are distances that head reads. **Figure 7**: the same for three of the four terms
 that make a relative-attention score, each *softmaxed alone*: (a) content q·k, (b)
-content-dependent position q·W_R R(i−j), (d) global position bias v·W_R R(i−j).
-Step in "Watch the memory" with one layer and one head chosen to see all four terms of a
+content-dependent position q·W_R R(i−j), (d) global position bias v·W_R R(i−j); (c),
+u·k, a global bias on what each key is, carries no distance, and the paper leaves it out
+too. Step in "Watch the memory" with one layer and one head chosen to see all four terms of a
 single prediction. The PNGs download from each figure; `/anatomy` returns the numbers.
 """
 
@@ -239,15 +240,15 @@ def read(service, text, mem_len, order, head, state, tab: AnatomyState | None, p
     heads = gr.Dropdown(**head_choices(model))  # the session's model may have other heads
     started = time.perf_counter()
     fig5 = draw(service, tab, order, None, ("fig5",))["fig5"]
-    reading = f"Read {result.n_tokens:,} {unit}s in **{result.seconds:.1f} s**"
+    reading = anatomy_viz.reading_sentence(result, unit).removesuffix(".")
     yield f"{reading}; drawing Figure 7…", words, fig5, *[gr.skip()] * 3, heads, tab
     if tab.job != job:
         return
     fig7 = draw(service, tab, order, parse_head(head), ("fig7",))["fig7"]
     numbers = save_numbers(service, tab)
     status = (
-        f"{reading} (segments of {result.seg_len} over a memory of {result.mem_len}, the "
-        f"four terms included); figures drawn in {time.perf_counter() - started:.1f} s."
+        f"{reading}, the four terms included; figures drawn in "
+        f"{time.perf_counter() - started:.1f} s."
     )
     yield status, words, fig5, fig7, numbers, tab.files["json"], heads, tab
 

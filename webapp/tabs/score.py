@@ -18,7 +18,7 @@ import time
 
 import gradio as gr
 
-from txl.scoring import score_stages
+from txl.scoring import CONTEXT_SWEEP_LENGTHS, score_stages
 from webapp import score_viz
 from webapp.budget import note_heap_use
 from webapp.inputs import as_int
@@ -55,8 +55,7 @@ class ScoreTab:
             raise gr.Error(
                 f"The text is {len(text):,} characters; the limit is {MAX_SCORE_CHARS:,}."
             )
-        model = self.service.model_for(state)
-        if len(model.tokenizer.encode_known(text)[0]) < 2:
+        if token_count(self.service.model_for(state), text) < 2:
             raise gr.Error("Nothing to score: paste at least two characters the model knows.")
 
     def score_click(self, text, state: VisitorState | None) -> None:
@@ -83,12 +82,17 @@ class ScoreTab:
             mem_len = min(mem_len, self.service.mem_cap(state.model))
         model = state.model  # the visitor's own text and memory are not touched
         sliding = len(text) <= MAX_SLIDING_CHARS
+        stages = 3 if sliding else 2  # the reads, the sweep, the sliding window
         unit, seg_len = model.tokenizer.unit, model.config.tgt_len
         job = self.service.traffic.start_job(owner=state)
         sent = 0.0
+        skip = gr.skip()
         try:
-            stages = score_stages(model, text, seg_len, mem_len, sliding=sliding, pace=job.turn)
-            for stage in stages:
+            # Where the Score is, from its start: the stage, what it has done, what is left.
+            reading = score_viz.reading_progress_markdown(token_count(model, text), stages, unit)
+            yield skip, reading, skip, skip, skip, state
+            work = score_stages(model, text, seg_len, mem_len, sliding=sliding, pace=job.turn)
+            for stage in work:
                 result, sweep = stage.result, stage.sweep
                 summary = score_viz.score_markdown(result, seg_len, mem_len, unit=unit)
                 if stage.kind == "done":
@@ -109,11 +113,14 @@ class ScoreTab:
                         state,
                     )
                     return
-                if sliding:
-                    summary += "\n\n" + score_viz.sliding_progress_markdown(
-                        stage.done, stage.total, stage.seconds_left, seg_len, unit
+                if stage.kind == "reads":
+                    summary += "\n\n" + score_viz.sweep_progress_markdown(
+                        result, CONTEXT_SWEEP_LENGTHS, stages, unit
                     )
-                skip = gr.skip()
+                elif sliding:
+                    summary += "\n\n" + score_viz.sliding_progress_markdown(
+                        stage.done, stage.total, stage.seconds_left, seg_len, unit, stages
+                    )
                 if stage.kind == "reads":
                     sent = time.monotonic()
                     yield (
@@ -192,7 +199,7 @@ class ScoreTab:
             s = state.session
             self.service.apply_settings(s, Settings(True, mem_len, *sampling))
             self.service.start_from_prompt(s, prompt, capture=True)
-            state.replay = (s.prompt, len(s.ids), token)
+            state.replay, state.given = (s.prompt, len(s.ids), token), None
         return prompt
 
     # -- the page --
@@ -283,6 +290,11 @@ class ScoreTab:
             ui["score"], self.score_click, check, self.score, score, score_outputs, "score"
         )
         stream.success(self.score_moments, [state], [ui["moments"], ui["moment"]], **private)
+
+
+def token_count(model, text: str) -> int:
+    """The tokens of ``text`` a Score reads (the tokenizer's one unknown-character rule)."""
+    return len(model.tokenizer.encode_known(text)[0])
 
 
 SCORE_HELP = """\

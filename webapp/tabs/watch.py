@@ -95,6 +95,8 @@ class WatchTab:
     def __init__(self, service: DemoService):
         self.service = service
         self.play = WatchPlay(self)  # Play: its stream, control and events
+        # The examples' prompts and the character that follows each (watch_examples)
+        self.next_characters = watch_examples.next_characters(watch_examples.load_moments())
 
     def model_info(self) -> str:
         """The model line under the Load box: the service's default model."""
@@ -121,6 +123,7 @@ class WatchTab:
             service.apply_settings(s, settings)
             if fresh or not s.ids or s.prompt != (prompt or ""):
                 service.start_from_prompt(s, prompt)
+                state.given = None
             check_room(s)
             last = time.perf_counter()
             # Every step captures its attention: the views stream with the text, and
@@ -130,7 +133,7 @@ class WatchTab:
                     last = time.perf_counter()
                     text, text_view, status = text_views(s, layer, head)
                     attention, summary = attention_views(state, layer, head)
-                    predictions = predictions_view(s)
+                    predictions = predictions_view(state)
                     yield WatchViews(
                         text, text_view, status, attention, 0, summary, predictions, state
                     )
@@ -163,11 +166,27 @@ class WatchTab:
             self.service.apply_settings(s, settings)
             if not s.ids or s.prompt != (prompt or ""):
                 self.service.start_from_prompt(s, prompt)
+                state.given = None
         check_room(s)
         # The four score terms (~20 % of a step) only when the view shows them: one head.
-        # After Watch it (the Score tab), the Step writes the moment's own character.
         terms = None not in view_choice(s, layer, head)
-        s.step(terms=terms, token=replayed_token(state, prompt) if first else None)
+        token = self.given_token(state, prompt) if first else None
+        t = s.step(terms=terms, token=token)
+        if token is not None:
+            state.given = (t.position, t.token_id)
+
+    def given_token(self, state: VisitorState, prompt) -> int | None:
+        """The token a Step writes instead of sampling one: after Watch it (the Score
+        tab), the moment's own; from an example's prompt alone, the character that follows
+        it in its source (the guide above the prompt names it)."""
+        token = replayed_token(state, prompt)
+        if token is not None:
+            return token
+        s = state.session
+        char = self.next_characters.get(s.text) if s.text == (prompt or "") else None
+        if s.tokenizer.unit == "character" and char in s.tokenizer.stoi:
+            return s.tokenizer.stoi[char]
+        return None
 
     # The page's own Step, Generate and Continue: the API's outputs (the same inputs), the
     # four views' dicts packed as one JSON string each, which the page copies far faster.
@@ -188,6 +207,7 @@ class WatchTab:
         state = self.service.ensure(state)
         with self.service.using(state, grows=False):
             state.session.reset()
+            state.given = None
             return current_views(state, None, None)
 
     def load_model(self, source, state, progress=gr.Progress()):  # noqa: B008 (Gradio's way)
@@ -323,9 +343,7 @@ class WatchTab:
                     TEXT_TEMPLATE,
                     "mountText",
                     label="text shaded by attention",
-                    max_height=460,
-                    autoscroll=True,
-                    elem_id="text",
+                    elem_id="text",  # its text scrolls under the legend (webapp/web/views.css)
                 )
                 with gr.Accordion("Memory and sampling", open=True):
                     with gr.Row():

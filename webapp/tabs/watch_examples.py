@@ -20,7 +20,7 @@ from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_BEFORE, RECALL_FILLER
 
 MOMENTS_FILE = Path(__file__).with_name("memory_moments.json")
 RECALL_CHOICE = "recall"  # the dropdown's value for the recall probe; the passages: 0, 1, ...
-TAIL_CHARS = 30  # of the passage's last line, in a choice's label
+TAIL_CHARS = 30  # of the passage's end, in a choice's label
 
 
 def load_moments(path: Path = MOMENTS_FILE) -> dict | None:
@@ -40,15 +40,16 @@ def shown(char: str) -> str:
 
 
 def label(moment: dict) -> str:
-    """'…and therefore look not sour.⏎⏎ → K · memory 3.94 bits, window 10.89': the end of
-    the passage's last line (its new lines as ⏎), the character, and both figures."""
+    """'…Hic steterat Priami regia celsa senis. → \' · 230× likelier with memory (3.83 bits;
+    window 11.68)': the passage's last characters (its new lines as ⏎, so that a name cut
+    short reads as the start of its line), the character, how much likelier memory makes
+    it, and both figures."""
     passage, char = moment["passage"], moment["char"]
-    text = passage.rstrip("\n")
-    tail = text.split("\n")[-1][-TAIL_CHARS:] + "⏎" * (len(passage) - len(text))
-    char = "⏎" if char == "\n" else char
+    tail = " ".join(passage[-TAIL_CHARS:].replace("\n", " ⏎ ").split())
+    char = {"\n": "⏎", " ": "␣"}.get(char, char)
     return (
-        f"…{tail} → {char} · memory "
-        f"{moment['bits_memory']:.2f} bits, window {moment['bits_window']:.2f}"
+        f"…{tail} → {char} · {2 ** moment['bits_saved']:,.0f}× likelier with memory "
+        f"({moment['bits_memory']:.2f} bits; window {moment['bits_window']:.2f})"
     )
 
 
@@ -67,16 +68,26 @@ def choices(report: dict | None) -> list[tuple[str, str]]:
     return passages + [(recall, RECALL_CHOICE)]
 
 
+OWN_PROMPT_GUIDE = (
+    "**Your own prompt.** Step once: the model samples the next character (temperature "
+    "0.8), and the bars under the attention view show its prediction with memory and "
+    "without. The passages above are where memory matters most."
+)
+
+
 def guide(report: dict | None, choice: str | None) -> str:
-    """What to look at after one Step from the chosen prompt."""
+    """What the first Step from the chosen prompt shows: it writes the passage's own next
+    character (``next_characters``), not a sample, so that the bars show the prediction
+    the words quote."""
     if choice == RECALL_CHOICE:
         _, back = recall_prompt()
         return (
             f"**Step once.** A speaker no play has, **{DEFAULT_NAME}**, spoke {back} characters "
             f"back, beyond the window of a model without memory; now the speaker returns, "
-            f"cued by *{DEFAULT_NAME[:3]}*. Does the prediction with memory put "
-            f"*{DEFAULT_NAME[3]}* first, where the window alone cannot know it? The "
-            "**How far back can it recall?** tab measures it at every distance."
+            f"cued by *{DEFAULT_NAME[:3]}*. The Step writes the name's next letter, "
+            f"**{DEFAULT_NAME[3]}**, and the bars say how likely the model found it with "
+            "memory and through the window alone, which cannot know it. The **How far "
+            "back can it recall?** tab measures it at every distance."
         )
     if report is None or choice is None:
         return (
@@ -89,17 +100,34 @@ def guide(report: dict | None, choice: str | None) -> str:
     after = m["after"].replace("\n", " ⏎ ")
     times = 2 ** m["bits_saved"]
     return (
-        f"**Step once.** The play goes on with **{shown(m['char'])}** (“{after}”). With "
+        f"**Step once.** The play goes on with **{shown(m['char'])}** (“{after}”): the Step "
+        "writes it, the passage's own next character rather than a sample. With "
         f"memory ({report['mem_len']} positions) the bundled model (`{report['model']}`) "
         f"ranks it {ordinal(m['rank_memory'])} (p = {percent(m['bits_memory'])}, "
         f"{m['bits_memory']:.2f} bits); through the last {report['seg_len']} characters "
         f"alone, the window a model without memory has, {ordinal(m['rank_window'])} "
         f"(p = {percent(m['bits_window'])}, {m['bits_window']:.2f} bits): memory makes it "
         f"**{times:,.0f} times likelier**. Compare the two predictions under the attention "
-        "view, and see where the newest character looks beyond the window. Step samples "
-        "(temperature 0.8), so it may draw another character; the bars show both "
-        "predictions either way. More: **How far back can it recall?**"
+        "view, and see where the newest character looks beyond the window. The Steps "
+        "after it sample (temperature 0.8). More: **How far back can it recall?**"
     )
+
+
+def next_characters(report: dict | None) -> dict[str, str]:
+    """prompt -> the character that follows it in its source: each passage's, and the
+    recall probe's (its name's next letter). The first Step from one of these prompts
+    writes that character (webapp/tabs/watch.py), as the guide says."""
+    text, start = probe_text(DEFAULT_NAME, RECALL_FILLER, DEFAULT_WATCH, before=RECALL_BEFORE)
+    passages = {m["passage"]: m["char"] for m in report["moments"]} if report else {}
+    return {**passages, text[:start]: text[start]}
+
+
+def choice_of(report: dict | None, prompt: str | None) -> str | None:
+    """The example whose prompt this is (None: the visitor's own prompt)."""
+    if prompt == recall_prompt()[0]:
+        return RECALL_CHOICE
+    passages = [m["passage"] for m in report["moments"]] if report else []
+    return str(passages.index(prompt)) if prompt in passages else None
 
 
 def ordinal(rank: int) -> str:
@@ -143,8 +171,11 @@ def build(service) -> dict:
 
 
 def wire(service, ui: dict, state: gr.State) -> None:
-    """Choosing an example: its prompt, memory on at the session's model's mem_len, and
-    the words for it. Undocumented in the API (a test calls it as /watch_example)."""
+    """Choosing an example: its prompt, memory on at the session's model's mem_len (the
+    passages' numbers were measured at the bundled model's), and the words for it
+    (undocumented in the API: a test calls it as /watch_example). The prompt changed
+    (typed, or set by Watch it): the menu and the words follow it, the visitor's own
+    prompt when it is none of the examples."""
     report = load_moments()
 
     def choose(choice, state):
@@ -158,6 +189,10 @@ def wire(service, ui: dict, state: gr.State) -> None:
         mem_len = service.start_mem_len(model) if model is not None else gr.skip()
         return prompt, True, mem_len, guide(report, choice)
 
+    def follow(prompt):
+        choice = choice_of(report, prompt)
+        return choice, guide(report, choice) if choice is not None else OWN_PROMPT_GUIDE
+
     ui["example"].input(
         choose,
         [ui["example"], state],
@@ -165,5 +200,14 @@ def wire(service, ui: dict, state: gr.State) -> None:
         api_name="watch_example",
         api_visibility="undocumented",
         show_progress="hidden",
+        queue=False,
+    )
+    ui["prompt"].change(
+        follow,
+        [ui["prompt"]],
+        [ui["example"], ui["example_md"]],
+        api_visibility="private",
+        show_progress="hidden",
+        trigger_mode="always_last",
         queue=False,
     )

@@ -25,10 +25,10 @@ EMPTY_HEATMAP = "Step or Generate to see where the newest token looks."
 # text_view, attention_view, ...) drawn by webapp/web/*.js. The templates do not depend on
 # the value, so Gradio leaves their DOM alone and only the watch() callbacks redraw.
 ATTENTION_TEMPLATE = (
-    '<div class="txl-att"><div class="txl-att-bar"><button class="txl-png" type="button" '
+    f'<div class="txl-att"><div class="txl-empty">{EMPTY_HEATMAP}</div><canvas></canvas>'
+    '<div class="txl-att-bar"><button class="txl-png" type="button" '
     'title="Save this view as PNG">⤓ PNG</button></div>'
-    f'<div class="txl-empty">{EMPTY_HEATMAP}</div>'
-    '<canvas></canvas><div class="txl-tip"></div></div><div class="txl-terms"></div>'
+    '<div class="txl-tip"></div></div><div class="txl-terms"></div>'
 )
 PREDICTIONS_TEMPLATE = (
     '<div class="txl-pred"><div class="txl-empty">Step or Generate to see the next-token '
@@ -121,18 +121,21 @@ def attention_views(state: VisitorState, layer, head):
     return view, watch_viz.step_summary(t, s.memory_info(), far=s.seg_len, terms=terms)
 
 
-def predictions_view(s: Session, t=None, history=None) -> dict | None:
+def predictions_view(state: VisitorState, t=None, history=None) -> dict | None:
     """The bars' data (webapp/web/predictions.js): step ``t``'s prediction with and
-    without memory (the last step when None)."""
+    without memory (the last step when None), and whether its token was given (the
+    text's own, ``VisitorState.given``) rather than sampled."""
+    s = state.session
     t = s.last_trace if t is None else t
-    return watch_viz.predictions_view(t, s.seg_len, s.tokenizer.unit, history)
+    given = t is not None and state.given == (t.position, t.token_id)
+    return watch_viz.predictions_view(t, s.seg_len, s.tokenizer.unit, history, given)
 
 
 def current_views(state: VisitorState, layer, head, started: float | None = None) -> WatchViews:
     """Every output of the tab, of the session now (the history slider back at 0)."""
     text, text_view, status = text_views(state.session, layer, head)
     attention, summary = attention_views(state, layer, head)
-    predictions = predictions_view(state.session)
+    predictions = predictions_view(state)
     if summary is not None and started is not None:
         summary["handler_ms"] = round((time.perf_counter() - started) * 1e3, 2)
     status += restore_note(state)
@@ -170,7 +173,7 @@ def past_step(state: VisitorState, back: int) -> tuple[dict | None, dict | None]
         return None, None
     history = None if t is s.last_trace else (min(back, len(s.history) - 1), len(s.history))
     summary = watch_viz.step_summary(t, far=s.seg_len)
-    return summary, predictions_view(s, t, history)
+    return summary, predictions_view(state, t, history)
 
 
 def view_choice(s: Session, layer, head) -> tuple[int | None, int | None]:

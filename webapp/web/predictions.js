@@ -14,10 +14,11 @@
   const percent = (p) => (p >= 0.1 ? (100 * p).toFixed(0) : p >= 0.001 ? (100 * p).toFixed(1) : (100 * p).toExponential(0)) + "%";
   const times = (r) => (r >= 10 ? r.toFixed(0) : r.toFixed(1)) + "×";
 
-  // One column of bars: [token, p] rows, most likely first; the sampled token marked, and
-  // added under the list when it is not among them.
-  function column(rows, chosen, pChosen, scale, title) {
-    const out = [`<div class="txl-pred-col"><div class="txl-pred-title">${title}</div>`];
+  // One column of bars: [token, p] rows, most likely first; the step's token marked, and
+  // added under the list when it is not among them. kind: "with" (memory's blue) or
+  // "without" (amber: the model on its window alone, as memory off is).
+  function column(rows, chosen, pChosen, scale, title, kind) {
+    const out = [`<div class="txl-pred-col txl-pred-${kind}"><div class="txl-pred-title">${title}</div>`];
     let seen = false;
     const row = (token, p, extra) => {
       const mine = token === chosen;
@@ -66,14 +67,20 @@
       const all = v.with_memory.concat(v.without_memory || []);
       const scale = Math.max(...all.map((r) => r[1]), 1e-9);
       const back = v.history && v.history[0] ? ` · ${v.history[0]} steps ago` : "";
-      const cols = [column(v.with_memory, v.chosen, v.p_chosen.with_memory, scale,
-        v.memory ? "with memory" : `memory off (last ${v.window} ${esc(v.unit)}s)`)];
+      const cols = [v.memory
+        ? column(v.with_memory, v.chosen, v.p_chosen.with_memory, scale, "with memory", "with")
+        : column(v.with_memory, v.chosen, v.p_chosen.with_memory, scale,
+          `memory off (last ${v.window} ${esc(v.unit)}s)`, "without")];
       if (v.without_memory)
         cols.push(column(v.without_memory, v.chosen, v.p_chosen.without_memory, scale,
-          `without memory (last ${v.window} ${esc(v.unit)}s)`));
-      body.innerHTML = `<div class="txl-pred-head">next ${esc(v.unit)} at position ${v.pos}${back}: the top ${v.with_memory.length}, sampled <span class="txl-pred-mark">${esc(visible(v.chosen))}</span></div>`
+          `without memory (last ${v.window} ${esc(v.unit)}s)`, "without"));
+      // The step's token: sampled, or given (the text's own next one: an example's, Watch it's)
+      const mark = `<span class="txl-pred-mark">${esc(visible(v.chosen))}</span>`;
+      const took = v.given ? `written: the text's own next ${esc(v.unit)} ${mark} (not sampled)` : `sampled ${mark}`;
+      body.innerHTML = `<div class="txl-pred-head">next ${esc(v.unit)} at position ${v.pos}${back}: the top ${v.with_memory.length}; ${took}</div>`
         + `<div class="txl-pred-cols">${cols.join("")}</div>`
         + `<div class="txl-pred-words">${words(v)}</div>`;
+      root.dataset.given = v.given ? "true" : "false";
       root.dataset.position = String(v.pos);
       root.dataset.bitsSaved = v.bits_saved == null ? "" : String(v.bits_saved);
     }

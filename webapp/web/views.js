@@ -95,19 +95,25 @@
       g.fillStyle = "#222";
       g.textAlign = "right";
       g.fillText(v.rows[r], M.left - 6, y + (M.row - 2) / 2);
-      // The row's share of attention beyond the window (what only memory gave it) as a
-      // bar and a number on the right; its share on all of memory (the window's memory
-      // too) as a lighter bar behind it, seen where the two differ.
+      // With memory: the row's share of attention beyond the window (what only memory
+      // gave it) as a bar and a number on the right; its share on all of memory (the
+      // window's memory too) as a lighter bar behind it, seen where the two differ. The
+      // number has a white halo, so that it reads over its own dark bar. Memory off,
+      // nothing lies beyond the window: no bars.
+      if (!v.memory) continue;
       const mx = M.left + L.plotW + 6, bw = M.right - 10;
-      const far = v.far ? v.far[r] : 0, mem = v.memory ? v.mass[r] : 0;
+      const far = v.far ? v.far[r] : 0, mem = v.mass[r];
       g.fillStyle = "rgba(148,163,184,0.22)";
       g.fillRect(mx, y + 3, bw, M.row - 8);
       g.fillStyle = "rgba(59,130,246,0.3)";
       g.fillRect(mx, y + 3, bw * Math.max(mem, far), M.row - 8);
       g.fillStyle = FAR_COLOR;
       g.fillRect(mx, y + 3, bw * far, M.row - 8);
-      g.fillStyle = "#111";
       g.textAlign = "left";
+      g.lineWidth = 3;
+      g.strokeStyle = "#fff";
+      g.strokeText(pct(far), mx + 3, y + (M.row - 2) / 2);
+      g.fillStyle = "#111";
       g.fillText(pct(far), mx + 3, y + (M.row - 2) / 2);
     }
     // Title, the window's edge and the memory | current boundary, the column labels (when
@@ -120,7 +126,7 @@
     // The bars' heading, right of the title when there is room.
     const heading = "beyond the window", titleW = g.measureText(title).width;
     g.font = "10px ui-sans-serif, system-ui, sans-serif";
-    if (4 + titleW + 12 + g.measureText(heading).width < width) {
+    if (v.memory && 4 + titleW + 12 + g.measureText(heading).width < width) {
       g.textAlign = "right";
       g.fillStyle = "#555";
       g.fillText(heading, width - 2, 10);
@@ -330,6 +336,7 @@
       }
       body.innerHTML = out.join("");
       if (toggled) return; // the same step, shaded anew: no new paint for Play to wait on
+      body.scrollTop = body.scrollHeight; // the newest character in view, under the legend
       if (v.pos >= 0) painted(root, v.pos);
       else delete root.dataset.position;
     }
@@ -346,7 +353,7 @@
       else return;
       tip.style.display = "block";
       tip.style.left = Math.min(s.left - box.left, box.width - 240) + "px";
-      tip.style.top = s.bottom - box.top + root.scrollTop + 4 + "px";
+      tip.style.top = s.bottom - box.top + 4 + "px";
     });
     body.addEventListener("mouseleave", () => (tip.style.display = "none"));
     legend.addEventListener("click", (e) => {
