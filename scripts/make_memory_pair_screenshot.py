@@ -38,8 +38,12 @@ def main() -> None:
         page.get_by_role("tab", name="Memory on | off").click()
         page.get_by_label(EXAMPLES_LABEL, exact=True).click()
         page.get_by_role("option", name=example_label(example), exact=True).click()
+        # every field the example sets, not only n (200 is also the default: already true)
         page.wait_for_function(
-            f"document.querySelector('#pair_n input[type=number]').value === '{n}'"
+            "([n, seed, prompt]) => document.querySelector('#pair_n input[type=number]').value"
+            " === n && document.querySelector('#pair_seed input').value === seed"
+            " && document.querySelector('#pair_prompt textarea').value === prompt",
+            arg=[str(n), str(example["seed"]), example["prompt"]],
         )
         page.click("#pair_generate")
         page.wait_for_selector(f'{VIEW}[data-steps="{n}"]', state="attached")
