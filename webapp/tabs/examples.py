@@ -1,5 +1,8 @@
 """The example texts the tabs offer (plain data: no Gradio, so benchmarks can read it)."""
 
+import json
+from pathlib import Path
+
 # Public domain: Shakespeare, Romeo and Juliet, act 2 scene 2 (the balcony scene).
 ROMEO_AND_JULIET = """\
 ROMEO:
@@ -138,3 +141,15 @@ DEFAULT_NAME = "ZANTHOR"  # no play has him: only a recall can finish the name
 # scored one, beyond the window (64) but inside the bundled model's memory (128), where only
 # memory can see them (at k = 128 they lie past a memory of 128 too: recalled with 512 only).
 DEFAULT_WATCH = 64
+
+
+def read_report(path: Path, entries: str, needed: str) -> dict | None:
+    """A script's JSON report that a tab offers examples from, or None when the file is
+    missing, unreadable, or has no ``report[entries][0][needed]`` (the one thing the tab
+    needs of it): the tab then says why it offers fewer examples, and the page still runs."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        report[entries][0][needed]  # noqa: B018
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return report

@@ -15,7 +15,6 @@ webapp/web/pair.js. API: /pair_step and /pair_generate (the views as dicts).
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -36,6 +35,7 @@ from webapp.serve import (
 )
 from webapp.visitors import VisitorState, user_errors
 
+from .examples import read_report
 from .parts import page_view
 from .watch_play import PLAY_EVERY_S, PlayControl, as_play_id, visitor_of
 from .watch_views import STATUS_TEMPLATE, current_views, outputs
@@ -76,12 +76,7 @@ whose memory side wrote it one character at a time).
 
 def load_examples(path: Path = EXAMPLES_FILE) -> dict | None:
     """scripts/find_memory_pairs.py's report, or None when missing or unreadable."""
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-        report["examples"][0]["prompt"]  # noqa: B018 (the one thing the tab needs)
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None
-    return report
+    return read_report(path, "examples", "prompt")
 
 
 def example_label(example: dict) -> str:

@@ -8,7 +8,6 @@ the prompt with memory on, and says what one Step will show."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gradio as gr
@@ -16,7 +15,7 @@ import gradio as gr
 from txl.recall import probe_text
 from webapp.serve import ROOT, resolve_source
 
-from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_BEFORE, RECALL_FILLER
+from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_BEFORE, RECALL_FILLER, read_report
 
 MOMENTS_FILE = Path(__file__).with_name("memory_moments.json")
 RECALL_CHOICE = "recall"  # the dropdown's value for the recall probe; the passages: 0, 1, ...
@@ -26,12 +25,7 @@ TAIL_CHARS = 30  # of the passage's end, in a choice's label
 def load_moments(path: Path = MOMENTS_FILE) -> dict | None:
     """The script's report, or None when the file is missing or unreadable (the tab then
     offers the recall probe alone, and says why)."""
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-        report["moments"][0]["passage"]  # noqa: B018 (the one thing the tab needs)
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None
-    return report
+    return read_report(path, "moments", "passage")
 
 
 def shown(char: str) -> str:
