@@ -6,6 +6,8 @@ leaves the Watch tab one Step before the parting point."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from gradio_client import Client
 
@@ -176,3 +178,26 @@ def direct_on(model, n: int, **overrides) -> MemoryPair:
     pair.start(PROMPT)
     list(pair.generate(n))
     return pair
+
+
+def test_a_model_from_the_hub_writes_both_sides(server, tmp_path):
+    """The same by Hub repo id, from a loopback Hub (tests/hub_server.py): the pair runs on
+    the model the Hub served, its two sides the MemoryPair of that model."""
+    from tests.hub_server import FakeHub, hub_environment
+    from tests.test_hub import read_folder
+
+    _, txl_app = server
+    tab, service = txl_app.memory_pair, txl_app.service
+    _, _, state = tab.step(PROMPT, *SETTINGS.values(), None)
+    files = read_folder(Path(parting_model(tmp_path / "served")))
+    with FakeHub({"someorg/parting-txl": files}) as hub, hub_environment(hub.url, tmp_path / "hf"):
+        state = service.load("someorg/parting-txl", state)
+    view, _, state = tab.step(PROMPT, *SETTINGS.values(), state)
+    assert state.model is not service.default_model  # the one the Hub served
+    assert state.pair.model is state.model and view["steps"] == 1
+    *_, (view, _, state) = tab.generate(PROMPT, 40, *SETTINGS.values(), state)
+    pair = direct_on(state.model, 40)
+    assert (view["memory_text"], view["window_text"]) == (
+        pair.with_memory.text,
+        pair.without_memory.text,
+    )
