@@ -36,7 +36,7 @@ from webapp.serve import (
 from webapp.visitors import VisitorState, user_errors
 
 from .examples import read_report
-from .parts import page_view
+from .parts import page_view, sampling_controls
 from .watch_play import PLAY_EVERY_S, PlayControl, as_play_id, visitor_of
 from .watch_views import STATUS_TEMPLATE, current_views, outputs
 
@@ -353,41 +353,7 @@ class MemoryPairTab:
                         label="mem_len (the left side)",
                         elem_id="pair_mem_len",
                     )
-                    with gr.Row():
-                        ui["pair_temperature"] = gr.Slider(
-                            0,
-                            2,
-                            value=0.8,
-                            step=0.05,
-                            label="temperature (0 = greedy)",
-                            elem_id="pair_temperature",
-                            min_width=120,
-                        )
-                        ui["pair_top_k"] = gr.Slider(
-                            0,
-                            100,
-                            value=0,
-                            step=1,
-                            label="top-k (0 = off)",
-                            elem_id="pair_top_k",
-                            min_width=120,
-                        )
-                        ui["pair_top_p"] = gr.Slider(
-                            0.05,
-                            1,
-                            value=1.0,
-                            step=0.05,
-                            label="top-p",
-                            elem_id="pair_top_p",
-                            min_width=120,
-                        )
-                        ui["pair_seed"] = gr.Number(
-                            0,
-                            precision=0,
-                            label="seed (the shared draws)",
-                            elem_id="pair_seed",
-                            min_width=90,
-                        )
+                    ui.update(sampling_controls("pair_", "seed (the shared draws)"))
                 ui["pair_watch"] = gr.Button(
                     "Open the parting point in Watch", elem_id="pair_watch", size="sm"
                 )

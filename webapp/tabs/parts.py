@@ -24,6 +24,29 @@ def mem_len_and_run(max_mem_len: int, mem_len: int, run: str, elem_id: str, min_
     return slider, button
 
 
+def sampling_controls(prefix: str, seed_label: str) -> dict:
+    """Temperature, top-k, top-p and seed in one row, as every tab that samples offers them:
+    {prefix + name: component}, each with that name as its elem_id."""
+    with gr.Row():
+        return {
+            f"{prefix}temperature": gr.Slider(
+                0, 2, value=0.8, step=0.05, label="temperature (0 = greedy)",
+                elem_id=f"{prefix}temperature", min_width=120,
+            ),
+            f"{prefix}top_k": gr.Slider(
+                0, 100, value=0, step=1, label="top-k (0 = off)", elem_id=f"{prefix}top_k",
+                min_width=120,
+            ),
+            f"{prefix}top_p": gr.Slider(
+                0.05, 1, value=1.0, step=0.05, label="top-p", elem_id=f"{prefix}top_p",
+                min_width=120,
+            ),
+            f"{prefix}seed": gr.Number(
+                0, precision=0, label=seed_label, elem_id=f"{prefix}seed", min_width=90
+            ),
+        }  # fmt: skip
+
+
 def example_texts(box: gr.Textbox, texts: dict[str, str]) -> gr.Examples:
     """The example texts (label -> text) under a text box: a click fills the box."""
     return gr.Examples([[t] for t in texts.values()], inputs=[box], example_labels=list(texts))

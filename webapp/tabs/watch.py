@@ -37,7 +37,7 @@ from webapp.serve import (
 from webapp.visitors import VisitorState
 
 from . import watch_examples
-from .parts import page_view
+from .parts import page_view, sampling_controls
 from .watch_play import WatchPlay
 from .watch_views import (
     ATTENTION_TEMPLATE,
@@ -359,22 +359,7 @@ class WatchTab:
                             elem_id="mem_len",
                             min_width=160,
                         )
-                    with gr.Row():
-                        ui["temperature"] = gr.Slider(
-                            0,
-                            2,
-                            value=0.8,
-                            step=0.05,
-                            min_width=120,
-                            label="temperature (0 = greedy)",
-                        )
-                        ui["top_k"] = gr.Slider(
-                            0, 100, value=0, step=1, min_width=120, label="top-k (0 = off)"
-                        )
-                        ui["top_p"] = gr.Slider(
-                            0.05, 1, value=1.0, step=0.05, label="top-p", min_width=120
-                        )
-                        ui["seed"] = gr.Number(0, precision=0, label="seed", min_width=90)
+                    ui.update(sampling_controls("", "seed"))
                 with gr.Accordion("Plain text", open=False):
                     ui["text_out"] = gr.Textbox(
                         label="Text so far",
