@@ -45,16 +45,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from copy_drill import load  # noqa: E402  (scripts/, beside this file)
 from recall_check import NAMERS, speech_starts  # noqa: E402
+from recall_data import SPEECH  # noqa: E402
 
 from txl.cached import cached_forward  # noqa: E402
 from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
 from txl.recall import LN2  # noqa: E402
-from txl.scoring import memory_nll  # noqa: E402
+from txl.scoring import memory_nll, window_batches  # noqa: E402
 
 PROMPT_CHARS = 1500
 # A heading: a speaker's name alone on its line, after a blank line (or at the start).
 HEADING = re.compile(r"(?:^|\n\n)([A-Za-z][A-Za-z ']*):\n")
-SPEECH = re.compile(r"(?m)^([A-Za-z][A-Za-z ']*):\n((?:.+\n?)+)")
 
 
 def headings(text: str) -> list[tuple[int, str]]:
@@ -214,22 +214,6 @@ def read_made_up(model, val, args) -> dict:
 
 
 @torch.no_grad()
-def window_bits(model, ids: torch.Tensor, positions: list[int], batch: int = 64) -> torch.Tensor:
-    """Bits of ``ids[t]`` for each t of ``positions`` (t >= tgt_len) from the window of the
-    tgt_len characters before it alone, recomputed: ``sliding_nll`` at those positions
-    only (a heading's letters are a few per cent of a text)."""
-    W = model.config.tgt_len
-    bits = []
-    for a in range(0, len(positions), batch):
-        at = torch.tensor(positions[a : a + batch])
-        windows = ids[at[:, None] - W + torch.arange(W)]  # [N, W]: the W before each
-        out = cached_forward(model, windows, None, mem_len=W, last_only=True)
-        logp = torch.log_softmax(out.logits[:, -1].float(), -1)  # [N, vocab]
-        bits.append(-logp.gather(1, ids[at][:, None])[:, 0].double() / LN2)
-    return torch.cat(bits) if bits else torch.zeros(0)
-
-
-@torch.no_grad()
 def heading_bits(model, text: str, mem_len: int) -> dict:
     """Bits of each returning speaker's heading in ``text``: its first letter, and the rest
     of the name per character, with memory ``mem_len`` and through the window."""
@@ -243,7 +227,11 @@ def heading_bits(model, text: str, mem_len: int) -> dict:
     # the names' characters only: the window is recomputed for each
     scored = sorted({t for at, n in returning for t in range(at, at + n)})
     with_memory = memory_nll(model, ids, W, mem_len).double() / LN2  # column j: token j + 1
-    window = dict(zip(scored, window_bits(model, ids, scored).tolist()))
+    window = {}  # position -> bits through the window, recomputed
+    for at, scores in window_batches(model, ids, scored, W):
+        logp = torch.log_softmax(scores.float(), -1)  # [n, vocab]
+        bits = -logp.gather(1, ids[at][:, None])[:, 0].double() / LN2
+        window.update(zip(at.tolist(), bits.tolist()))
     first = {"memory": [], "window": []}
     rest = {"memory": [], "window": []}
     for at, n in returning:
