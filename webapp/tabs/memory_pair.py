@@ -21,8 +21,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from txl.checks import check_seed, check_temperature, check_top_p
 from txl.counterfactual import MemoryPair
-from txl.session import check_seed, check_temperature, check_top_p
 from webapp import figures, memory_pair_viz
 from webapp.budget import growth_bytes
 from webapp.inputs import as_int, number
