@@ -24,7 +24,14 @@ PROMPT = "ROMEO:\n"
 
 
 def page_text(page) -> str:
-    return page.evaluate("document.querySelector('#text .txl-text').innerText")
+    """The text the view holds. Its newest character is drawn visible when it is a space or
+    a new line (␣, ↵ then the new line: webapp/web/views.js), which no character of the
+    model's vocabulary is: read back as the character it stands for."""
+    text = page.evaluate("document.querySelector('#text .txl-text').innerText")
+    for shown, char in (("␣", " "), ("↵\n", "\n"), ("↵", "\n")):
+        if text.endswith(shown):
+            return text[: -len(shown)] + char
+    return text
 
 
 def play_until(page, position: int) -> int:
