@@ -189,9 +189,11 @@ class RelMultiHeadAttention(nn.Module):
         position = (q + v_bias[:, None]) @ r_k.transpose(-1, -2)
         if q.size(2) > 1:  # ... re-indexed by key j (one query's row already lines up)
             position = rel_shift(position)
-        scores = (content + position) * self.scale
+        # in place: the products are fresh tensors no one else holds (and autograd needs
+        # neither), so no [B, H, T, K] copies for the sum, the scale and the mask
+        scores = content.add_(position).mul_(self.scale)
         if mask is not None:
-            scores = scores.masked_fill(mask, float("-inf"))
+            scores.masked_fill_(mask, float("-inf"))
         probs = self.dropatt(scores.softmax(dim=-1))  # [B, H, T, K]
 
         attn = (probs @ v).transpose(1, 2).flatten(2)  # [B, T, H*Dh]
@@ -214,7 +216,7 @@ class PositionwiseFF(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         x = self.norm(h) if self.pre_lnorm else h
-        y = self.drop(self.fc2(self.drop(F.relu(self.fc1(x)))))
+        y = self.drop(self.fc2(self.drop(F.relu_(self.fc1(x)))))  # in place: fc1's output is ours
         return h + y if self.pre_lnorm else self.norm(h + y)
 
 
