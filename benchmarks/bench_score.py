@@ -26,15 +26,13 @@ time, the apps alternating ``--repeats`` times so that both see the same machine
   and the Score's own total beside them.
 
 Medians over the repeats are printed with the machine's load (``uptime``) before and after,
-and the after/before ratios. The benchmark asks for its own CPU share first (it writes -20
-to /proc/self/autogroup, which the apps it starts inherit) when the system allows it, and
-puts the old value back when it ends.
+and the after/before ratios. The benchmark leaves the CPU shares alone: an autogroup's nice
+is the whole terminal session's, not this process's (run it on a quiet machine instead).
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import math
 import os
@@ -53,22 +51,7 @@ from bench_soak import balcony  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "weights" / "shakespeare-char"
-SHAKESPEARE = Path("/work/shared/data/tinyshakespeare.txt")
-
-
-def own_cpu_share() -> bool:
-    """Give this process's autogroup (and the apps it starts) the highest CPU share, and
-    give it back at exit: the autogroup is the whole terminal session's, so a nice of -20
-    left behind would boost every later command of that shell (a stress run's CPU burners
-    then starve the browser the tests drive)."""
-    autogroup = Path("/proc/self/autogroup")
-    try:
-        before = autogroup.read_text().split("nice")[-1].strip()  # "/autogroup-7 nice 0"
-        autogroup.write_text("-20")
-    except (OSError, IndexError):
-        return False
-    atexit.register(lambda: autogroup.write_text(before))
-    return True
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"  # ../shared
 
 
 def load() -> str:
@@ -325,7 +308,7 @@ def main() -> None:
     if args.allocator_child:
         print(json.dumps(allocator_child(args.allocator_child, SOURCE_TEXT)))
         return
-    print(f"own CPU share: {own_cpu_share()}; load {load()}; scoring {len(text):,} chars")
+    print(f"load {load()}; scoring {len(text):,} chars")
     if args.allocator or args.sliding_batches:
         compare = compare_allocators if args.allocator else compare_sliding_batches
         runs = compare(args.repeats)
