@@ -22,8 +22,9 @@ time, the apps alternating ``--repeats`` times so that both see the same machine
   (Session.start) and 640 characters of the sliding window, ms per character. The RSS
   side of the same settings is ``bench_soak.py --per-session`` (run it on both checkouts);
 - with ``--steppers N``: N gradio_client sessions Stepping (--steps each, after a fill,
-  as in bench_app.py) while one /score runs: steps served per second, round trip p50/p95,
-  and the Score's own total beside them.
+  as in bench_app.py), alone and then while one /score runs: steps served per second (and
+  beside the Score, their share of the rate alone), round trip p50/p95, and the Score's
+  own total beside them.
 
 Medians over the repeats are printed with the machine's load (``uptime``) before and after,
 and the after/before ratios. The benchmark leaves the CPU shares alone: an autogroup's nice
@@ -117,9 +118,10 @@ def time_prompt_feed(url: str, text: str, chars: int, times: int = 5) -> dict:
     return dict(ms_per_char=round(statistics.median(per_char), 4), prompt_chars=chars)
 
 
-def steps_beside_a_score(url: str, text: str, clients: int, steps: int, fill: int) -> dict:
-    """``clients`` sessions Step (after a fill) while one /score runs from the moment they
-    start: steps served per second over their run, and the Score's total."""
+def steps_of_many(url: str, text: str, clients: int, steps: int, fill: int, score: bool) -> dict:
+    """``clients`` sessions Step (after a fill), with one /score running from the moment
+    they start (``score``) or alone: steps served per second over their run, their round
+    trips, and the Score's total."""
     results = {k: [] for k in ("server", "round_trip", "model", "keys")}
     barrier = threading.Barrier(clients + 1)
     texts: dict = {}
@@ -129,22 +131,24 @@ def steps_beside_a_score(url: str, text: str, clients: int, steps: int, fill: in
     ]
     for t in threads:
         t.start()
-    score: dict = {}
-    scorer = threading.Thread(target=lambda: score.update(time_score(url, text, 128)))
+    timed: dict = {}
+    scorer = threading.Thread(target=lambda: timed.update(time_score(url, text, 128)))
     barrier.wait()  # every session has filled its memory
     t0 = time.perf_counter()
-    scorer.start()
+    if score:
+        scorer.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    scorer.join()
+    if score:
+        scorer.join()
     served = len(results["round_trip"])
     return dict(
         steps=served,
         steps_per_s=round(served / wall, 2),
         round_trip_p50_ms=round(percentile(results["round_trip"], 50), 1),
         round_trip_p95_ms=round(percentile(results["round_trip"], 95), 1),
-        score_total_s=score.get("total_s"),
+        score_total_s=timed.get("total_s"),
     )
 
 
@@ -156,8 +160,11 @@ def measure(app_dir: Path, model: str, text: str, args) -> dict:
         out["score"] = time_score(url, text, 128)
         out["prompt_feed"] = time_prompt_feed(url, SOURCE_TEXT, args.prompt_chars)
         if args.steppers:
-            out["steps_beside_score"] = steps_beside_a_score(
-                url, text, args.steppers, args.steps, args.fill
+            many = (url, text, args.steppers, args.steps, args.fill)
+            out["steps_alone"] = steps_of_many(*many, score=False)
+            out["steps_beside_score"] = steps_of_many(*many, score=True)
+            out["steps_beside_score"]["share_of_alone"] = round(
+                out["steps_beside_score"]["steps_per_s"] / out["steps_alone"]["steps_per_s"], 3
             )
         out["load_after"] = load()
         return out
@@ -187,7 +194,10 @@ ROWS = [
     ("/score: sliding window (server s)", ("score", "server_seconds", "sliding_window")),
     ("/score: sliding-window bpc", ("score", "bpc", "sliding_window")),
     ("/step prompt feed (ms/char)", ("prompt_feed", "ms_per_char")),
+    ("Steps served alone (/s)", ("steps_alone", "steps_per_s")),
+    ("  their round trip p50 (ms)", ("steps_alone", "round_trip_p50_ms")),
     ("Steps served beside a Score (/s)", ("steps_beside_score", "steps_per_s")),
+    ("  their share of the Steps served alone", ("steps_beside_score", "share_of_alone")),
     ("  their round trip p50 (ms)", ("steps_beside_score", "round_trip_p50_ms")),
     ("  their round trip p95 (ms)", ("steps_beside_score", "round_trip_p95_ms")),
     ("  the Score's total beside them (s)", ("steps_beside_score", "score_total_s")),
