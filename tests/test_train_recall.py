@@ -65,9 +65,8 @@ def losses(run: Path) -> dict[int, float]:
 def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert driver.law_tokens(8, 64, 5.7) == 11_340_573  # 10^5.7 * sqrt(512)
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    first, second, content, names, fresh, text, more_names, spoken, words, scenes, casts = (
-        plan.phases
-    )
+    first, second, content, names, fresh, text, more_names, spoken, words, *r2 = plan.phases
+    scenes, casts, natural = r2
     assert plan.tokens(first) == driver.law_tokens(8, 64, 5.7)
     assert plan.steps(first) == 22_150  # ceil(11,340,573 / (8 x 64))
     assert plan.tokens(second) == plan.tokens(first)  # as many as phase 1, until it has run
@@ -80,19 +79,35 @@ def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert plan.tokens(words) == 5_000_000
     assert plan.tokens(scenes) == 4_500_000
     assert plan.tokens(casts) == 2_000_000 and plan.steps(casts) == 3_907  # B 8
+    assert plan.tokens(natural) == 4_500_000
+
+
+def plan_with_next_phase(tmp_path: Path) -> Path:
+    """The project's plan with one more phase after the shipped ones: phase-next, a copy
+    of the last (the next session's case)."""
+    extended = json.loads((ROOT / "configs" / "recall-plan.json").read_text())
+    extended["phases"].append({**extended["phases"][-1], "name": "phase-next"})
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(extended))
+    return path
 
 
 def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_from_them(
     driver, tmp_path
 ):
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    *earlier, words, scenes, casts = plan.phases
-    assert all(plan.shipped(p) for p in (*earlier, words))
-    assert not plan.shipped(scenes) and not plan.shipped(casts)
-    assert plan.start_from(scenes) == ROOT / "weights" / "shakespeare-char"
-    assert "| phase6-words | 16 x 64 | 5,000,000 (5000000) | 0 | — | shipped |" in (
+    assert all(plan.shipped(p) for p in plan.phases)  # phase 9 shipped: nothing left to run
+    assert "| phase9-natural | 8 x 64 | 4,500,000 (4500000) | 0 | — | shipped |" in (
         driver.table(plan)
     )
+    # the tries that were not kept stay out of the path
+    kept = {p["name"] for p in plan.phases}
+    assert not kept & {p["name"] for p in plan.plan["tried"]}
+    # a phase added after the shipped ones starts from the shipped weights
+    plan = driver.Plan(plan_with_next_phase(tmp_path), tmp_path)
+    *earlier, following = plan.phases
+    assert all(plan.shipped(p) for p in earlier) and not plan.shipped(following)
+    assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
 
 
 def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd):
@@ -137,14 +152,14 @@ def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd)
 
 
 def test_the_table_says_what_was_spent(driver, tmp_path, capsys):
-    plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    run = tmp_path / "phase7-scenes"  # the first phase after the shipped ones
+    plan = driver.Plan(plan_with_next_phase(tmp_path), tmp_path)
+    run = tmp_path / "phase-next"  # the first phase after the shipped ones
     run.mkdir()
     (run / "log.jsonl").write_text(
         json.dumps({"step": 10, "loss": 2.0, "tokens": 5120, "tok_s": 2000.0}) + "\n"
     )
     table = driver.table(plan)
-    assert "| phase7-scenes | 16 x 64 | 4,500,000 (4500000) | 5,120 | 2,000 | new |" in table
+    assert "| phase-next | 8 x 64 | 4,500,000 (4500000) | 5,120 | 2,000 | new |" in table
     assert "| phase1-copy | 8 x 64 | 11,340,573 (law) | 0 | — | shipped |" in table
 
 
