@@ -5,8 +5,8 @@
 
 A candidate is a moment of the validation text (Tiny Shakespeare's last 10 %, nanoGPT's
 split) where a speech has just ended (a blank line) and the next speaker is one who already
-spoke in the scene, their heading ``--min-back`` or more characters back: beyond the window
-of tgt_len characters, within the reach of memory (mem_len). Its prompt is the ~``--context``
+spoke in the scene, their heading more than tgt_len characters back (beyond the window) and
+within mem_len (the reach of memory). Its prompt is the ~``--context``
 characters before it. From each prompt and each of ``--seeds`` seeds, the two sides of a
 ``MemoryPair`` (txl/counterfactual.py: memory on | the recomputed window, the same Gumbel
 draws) write until each has written its first speaker heading. An **example** is a run

@@ -34,10 +34,10 @@ def shown(char: str) -> str:
 
 
 def label(moment: dict) -> str:
-    """'…Hic steterat Priami regia celsa senis. → \' · 230× likelier with memory (3.83 bits;
-    window 11.68)': the passage's last characters (its new lines as ⏎, so that a name cut
-    short reads as the start of its line), the character, how much likelier memory makes
-    it, and both figures."""
+    """The menu's entry of a moment, of the form '…the passage's end → X · 230× likelier
+    with memory (3.83 bits; window 11.68)': the passage's last characters (its new lines
+    as ⏎, so that a name cut short reads as the start of its line), the character, how
+    much likelier memory makes it, and both figures."""
     passage, char = moment["passage"], moment["char"]
     tail = " ".join(passage[-TAIL_CHARS:].replace("\n", " ⏎ ").split())
     char = {"\n": "⏎", " ": "␣"}.get(char, char)

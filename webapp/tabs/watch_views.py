@@ -219,6 +219,6 @@ def model_markdown(source: str, model: TransformerXL, mem_cap: int) -> str:
         )
     return (
         f"**Model** `{source}` · {c.n_layer} layers × {c.n_head} heads · d_model {c.d_model} · "
-        f"{c.vocab_size:,} {unit} · {n_params / 1e6:.2f}M parameters ({dtype}) · trained "
-        f"with segments of {c.tgt_len} and a memory of {c.mem_len}{cap}"
+        f"{c.vocab_size:,} {unit} · {n_params / 1e6:.2f}M parameters ({dtype}) · "
+        f"segments of {c.tgt_len} · a memory of {c.mem_len} by default{cap}"
     )
