@@ -62,10 +62,13 @@ def choices(report: dict | None) -> list[tuple[str, str]]:
     return passages + [(recall, RECALL_CHOICE)]
 
 
+# True of both ways a prompt of one's own comes: typed (the Step samples) or put there by
+# the Score tab's Watch it (the Step writes the text's own next character: score.py).
 OWN_PROMPT_GUIDE = (
-    "**Your own prompt.** Step once: the model samples the next character (temperature "
-    "0.8), and the bars under the attention view show its prediction with memory and "
-    "without. The passages above are where memory matters most."
+    "**Your own prompt.** Step once: the model writes the next character, sampled with the "
+    "settings under *Memory and sampling* (after **Watch it** on the Score tab: the text's "
+    "own next character), and the bars under the attention view show its prediction with "
+    "memory and without. The passages above are where memory matters most."
 )
 
 
