@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository: app.py and weights
 BUNDLED_MODEL = "weights/shakespeare-char"
 MAX_MEM_LEN = 2048
 MAX_PROMPT_CHARS = 20_000
+MAX_GENERATE = 500  # tokens one Generate may write (the Watch tab's, the pair's)
 HISTORY_STEPS = 256  # steps whose attention a session keeps for the history slider
 MODEL_CACHE_SIZE = 3  # models kept loaded besides those that live sessions still use
 

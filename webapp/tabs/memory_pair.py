@@ -27,6 +27,7 @@ from webapp import figures, memory_pair_viz
 from webapp.budget import growth_bytes
 from webapp.inputs import as_int, number
 from webapp.serve import (
+    MAX_GENERATE,
     MAX_MEM_LEN,
     DemoService,
     Settings,
@@ -41,7 +42,6 @@ from .watch_play import PLAY_EVERY_S, PlayControl, as_play_id, visitor_of
 from .watch_views import STATUS_TEMPLATE, current_views, outputs
 
 MAX_PAIR_STEPS = 2000  # Step and Play stop here: both texts go to the page at every step
-MAX_GENERATE = 500  # characters per Generate
 STREAM_EVERY_S = 0.08  # Generate sends the texts at most this often
 EXAMPLES_FILE = Path(__file__).with_name("memory_pairs.json")
 PAIR_TEMPLATE = (

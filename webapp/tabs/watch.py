@@ -29,6 +29,7 @@ from webapp import figures, watch_viz
 from webapp.inputs import as_int
 from webapp.serve import (
     HISTORY_STEPS,
+    MAX_GENERATE,
     MAX_MEM_LEN,
     DemoService,
     Settings,
@@ -60,7 +61,6 @@ from .watch_views import (
     view_choice,
 )
 
-MAX_NEW_TOKENS = 500  # per Generate call
 MAX_SOURCE_CHARS = 256  # the Load box: a Hub id is at most 96 + 1 + 96 characters
 MAX_TEXT_CHARS = 100_000  # a session's text: Continue and Step stop here (Reset starts over)
 STREAM_EVERY_S = 0.08  # Generate sends the text at most this often
@@ -119,7 +119,7 @@ class WatchTab:
         state = service.ensure(state)
         s = state.session
         with service.using(state, mem_len, steps=n_tokens):
-            n = as_int("n_tokens", n_tokens, 1, MAX_NEW_TOKENS)
+            n = as_int("n_tokens", n_tokens, 1, MAX_GENERATE)
             service.apply_settings(s, settings)
             if fresh or not s.ids or s.prompt != (prompt or ""):
                 service.start_from_prompt(s, prompt)
@@ -324,7 +324,7 @@ class WatchTab:
                 ui.update(self.play.build())
                 ui["n_tokens"] = gr.Slider(
                     1,
-                    MAX_NEW_TOKENS,
+                    MAX_GENERATE,
                     value=120,
                     step=1,
                     label="Characters to generate",
