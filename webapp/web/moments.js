@@ -5,8 +5,7 @@
 // dict webapp/score_viz.py's moments_view builds. Loaded into the page's <head> after views.js.
 (function () {
   if (!window.TXL || window.TXL.mountMoments) return;
-  const { effectAt, effectColor, effectTip, visible } = window.TXL;
-  const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  const { effectAt, effectColor, effectTip, visible, esc } = window.TXL;
   const bits = (x) => x.toFixed(2);
   // A context on one line: newlines shown as ↵.
   const oneLine = (s) => esc(s).replace(/\n/g, "↵ ");

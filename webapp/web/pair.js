@@ -7,11 +7,9 @@
 (function () {
   if (!window.TXL || window.TXL.mountPair) return;
 
-  const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-    .replace(/"/g, "&quot;");
+  const { esc, whiteCanvas, FAR_COLOR } = window.TXL;
   const percent = (p) => (p >= 0.1 ? (100 * p).toFixed(0) : p >= 0.001 ? (100 * p).toFixed(1) : (100 * p).toExponential(0)) + " %";
   const tokens = (t) => (typeof t === "string" ? Array.from(t) : t);
-  const FAR_COLOR = "#1d4ed8";
 
   // One side's text: the prompt grey, then the generated tokens, those where the two texts
   // differ marked (the parting one outlined). Runs of one kind are one span.
@@ -50,15 +48,7 @@
   // The attention strip: one row of cells, viridis(sqrt(weight)), the window's edge.
   function drawStrip(canvas, s) {
     const width = Math.max(240, canvas.parentElement.clientWidth || 600), height = 40;
-    const dpr = window.devicePixelRatio || 1;
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(height * dpr);
-    canvas.style.width = width + "px";
-    canvas.style.height = height + "px";
-    const g = canvas.getContext("2d");
-    g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.fillStyle = "#fff";
-    g.fillRect(0, 0, width, height);
+    const g = whiteCanvas(canvas, width, height);
     const cols = s.w.length, cw = width / Math.max(1, cols);
     for (let c = 0; c < cols; c++) {
       g.fillStyle = TXL.viridis(Math.sqrt(Math.max(0, s.w[c])));

@@ -6,11 +6,7 @@
 (function () {
   if (!window.TXL || window.TXL.mountPredictions) return;
 
-  const VISIBLE = { "\n": "↵", " ": "␣", "\t": "⇥", "\r": "␍" };
-  const visible = (s) => (s.length === 1 ? VISIBLE[s] || s : s.trim() || s);
-  // Also quotes: a token (a word model's '"', say) goes into attributes too.
-  const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-    .replace(/"/g, "&quot;").replace(/'/g, "&#39;");
+  const { esc, visible } = window.TXL;
   const percent = (p) => (p >= 0.1 ? (100 * p).toFixed(0) : p >= 0.001 ? (100 * p).toFixed(1) : (100 * p).toExponential(0)) + "%";
   const times = (r) => (r >= 10 ? r.toFixed(0) : r.toFixed(1)) + "×";
 

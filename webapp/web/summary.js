@@ -26,10 +26,9 @@
   // Markdown component parsed and sanitised it anew on every Step; this writes it directly.
   function mountStatus(element, props, watch) {
     const line = element.querySelector(".txl-status");
-    const esc = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
     function render() {
       const md = typeof props.value === "string" ? props.value : "";
-      line.innerHTML = esc(md).replace(/\*\*(.+?)\*\*/g, "<b>$1</b>");
+      line.innerHTML = TXL.esc(md).replace(/\*\*(.+?)\*\*/g, "<b>$1</b>");
     }
     watch("value", render);
     render();

@@ -56,15 +56,7 @@
     const plotW = Math.max(40, width - M.left - M.right);
     const bottom = M.top + LABELS.length * (M.row + M.gap);
     const height = bottom + M.legend;
-    const dpr = window.devicePixelRatio || 1;
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(height * dpr);
-    img.style.width = width + "px";
-    img.style.height = height + "px";
-    const g = canvas.getContext("2d");
-    g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.fillStyle = "#ffffff";
-    g.fillRect(0, 0, width, height);
+    const g = window.TXL.whiteCanvas(canvas, width, height, img);
     g.font = "11px ui-sans-serif, system-ui, sans-serif";
     g.textBaseline = "middle";
     const spans = keySpans(v, v.terms, plotW);

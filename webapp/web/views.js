@@ -25,6 +25,25 @@
   const visible = (s) => (s.length === 1 ? VISIBLE[s] || s : s.trim() || s);
   const pct = (x) => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
   const weight = (x) => (x >= 0.01 ? x.toFixed(3) : x.toExponential(1));
+  // Text for innerHTML, quotes too: a token (a word model's '"', say) goes into attributes.
+  const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+    .replace(/"/g, "&quot;").replace(/'/g, "&#39;");
+
+  // A 2-D context on ``canvas`` for width x height CSS pixels at the screen's density, the
+  // canvas cleared to opaque white (a PNG of it reads on any background). ``shown`` is the
+  // element the page sizes: the canvas, or the <img> a canvas off the page is copied into.
+  function whiteCanvas(canvas, width, height, shown = canvas) {
+    const dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.round(width * dpr);
+    canvas.height = Math.round(height * dpr);
+    shown.style.width = width + "px";
+    shown.style.height = height + "px";
+    const g = canvas.getContext("2d");
+    g.setTransform(dpr, 0, 0, dpr, 0, 0);
+    g.fillStyle = "#ffffff";
+    g.fillRect(0, 0, width, height);
+    return g;
+  }
 
   // A view's value as its dict: the page's Step sends it packed as one JSON string
   // (webapp/figures.py packed: Gradio copies each number of a value apart, several times per
@@ -73,15 +92,7 @@
   function drawAttention(canvas, v) {
     const width = Math.max(280, canvas.parentElement.clientWidth || 600);
     const L = layout(v, width);
-    const dpr = window.devicePixelRatio || 1;
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(L.height * dpr);
-    canvas.style.width = width + "px";
-    canvas.style.height = L.height + "px";
-    const g = canvas.getContext("2d");
-    g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.fillStyle = "#ffffff"; // opaque, so that the PNG reads on any background
-    g.fillRect(0, 0, width, L.height);
+    const g = whiteCanvas(canvas, width, L.height);
     g.font = "12px ui-sans-serif, system-ui, sans-serif";
     g.textBaseline = "middle";
     // Cells. Columns are at least a pixel wide; neighbours share a pixel when narrower.
@@ -274,7 +285,6 @@
     const legend = root.querySelector(".txl-legend");
     const tip = root.querySelector(".txl-tip");
     let v = null, toggled = false;
-    const esc = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
     function render() {
       v = unpack(props.value);
       v = v && v.runs ? v : null;
@@ -457,5 +467,5 @@
     stoppers: ["reset", "load", "generate", "continue", "step"],
   });
 
-  window.TXL = { unpack, painter, makePlay, mountAttention, mountText, togglePlay, playEnded, withPlayId, viridis, effectAt, effectColor, effectTip, visible };
+  window.TXL = { unpack, painter, makePlay, mountAttention, mountText, togglePlay, playEnded, withPlayId, viridis, effectAt, effectColor, effectTip, visible, esc, whiteCanvas, FAR_COLOR };
 })();
