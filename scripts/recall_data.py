@@ -92,6 +92,86 @@ def word_namer(text: str):
     return name
 
 
+def name_maker(text: str, title_share: float, spoken_names: float, word_names: float):
+    """A maker of made-up names of the kinds asked for: ``spoken_names`` of them
+    ``spoken_name``'s, ``word_names`` of them ``word_namer(text)``'s, the rest random
+    capitals; ``title_share`` of them in title case. Call it with a random.Random."""
+    word_name = word_namer(text) if word_names else None
+
+    def made_up(rng: random.Random) -> str:
+        kind = rng.random() if spoken_names or word_names else 1.0
+        if kind < spoken_names:
+            name = spoken_name(rng)
+        elif kind < spoken_names + word_names:
+            name = word_name(rng)
+        else:
+            name = made_up_name(rng)
+        return name.title() if rng.random() < title_share else name
+
+    return made_up
+
+
+def speeches_of(text: str) -> list[tuple[str, list[str]]]:
+    """(speaker, lines) of every speech of ``text``."""
+    return [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
+
+
+def text_slice(rng: random.Random, text: str, gap: tuple[int, int]) -> str:
+    """A slice of ``text`` from anywhere, lo..hi characters long, log-uniform: as many of
+    8-16 characters as of 250-500."""
+    lo, hi = gap
+    length = round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi))))
+    at = rng.randrange(len(text) - length)
+    return text[at : at + length]
+
+
+def said_twice(rng: random.Random, speeches) -> list[str]:
+    """Two lines drawn from ``speeches``' lines, for a made-up speaker to say."""
+    return [rng.choice(rng.choice(speeches)[1]) for _ in range(2)]
+
+
+def speaker_returns(name: str, said: list[str], between: str) -> str:
+    """A name drill: a made-up speaker says a line, and again after ``between``."""
+    return f"{name}:\n{said[0]}\n\n{between}\n\n{name}:\n{said[1]}\n\n"
+
+
+def with_openings(
+    text: str,
+    places: list[tuple[int, int]],
+    source: str,
+    seed: int,
+    gap: tuple[int, int] = (100, 2000),
+    title_share: float = 0.3,
+    spoken_names: float = 0.35,
+    word_names: float = 0.35,
+) -> str:
+    """``text`` with a name drill (``speaker_returns``: a made-up speaker, a slice of
+    ``source`` of ``gap`` characters between) written over it at each (start, end) of
+    ``places``, the same length: the drill starts at ``start`` and ends before ``end``; one
+    that would not fit, or would run into the previous drill, is left out.
+
+    scripts/train_recall.py puts the starts where txl.train starts a stream's segment from
+    an empty memory (its ``mem_reset`` steps, and the first): the made-up name then opens
+    the text the model reads, as in the recall check's opening probe, which carried memory
+    and drills at random places almost never showed the model (docs/recall-training.md,
+    r2's phase 9: the opening name at 3.2-4.0 bits/char)."""
+    rng = random.Random(seed)
+    speeches = speeches_of(source)
+    made_up = name_maker(source, title_share, spoken_names, word_names)
+    out, written = [], 0  # the pieces of the new text; characters of ``text`` used so far
+    for start, end in sorted(places):
+        between = text_slice(rng, source, gap)
+        drill = speaker_returns(made_up(rng), said_twice(rng, speeches), between)
+        if start < written or start + len(drill) > end:
+            continue
+        out += [text[written:start], drill]
+        written = start + len(drill)
+    out.append(text[written:])
+    new = "".join(out)
+    assert len(new) == len(text)  # the starts stay where the segments start
+    return new
+
+
 def recall_text(
     text: str,
     chunk: int,
@@ -137,20 +217,9 @@ def recall_text(
     predictable only from the scene's earlier headings, whatever its name looks like, which
     is what a visitor's prompt asks of the model when it writes (issue 43)."""
     rng = random.Random(seed)
-    speeches = [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
-    word_name = word_namer(text) if word_names else None
+    speeches = speeches_of(text)
+    made_up = name_maker(text, title_share, spoken_names, word_names)
     out, names = [], {}
-
-    def made_up(rng: random.Random) -> str:
-        """A made-up name of the kinds asked for, in the case asked for."""
-        kind = rng.random() if spoken_names or word_names else 1.0
-        if kind < spoken_names:
-            name = spoken_name(rng)
-        elif kind < spoken_names + word_names:
-            name = word_name(rng)
-        else:
-            name = made_up_name(rng)
-        return name.title() if rng.random() < title_share else name
 
     written = 0  # characters so far
     pending: list[tuple[int, str]] = []  # (write after this many characters, the line again)
@@ -173,14 +242,10 @@ def recall_text(
             if copy_gap[1] > 0 and rng.random() >= near_share:  # the line now, its copy later
                 line = drill.split("\n")[0]
                 if inline_gap:  # after a slice of text, inside the drill
-                    lo, hi = copy_gap
-                    gap = round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi))))
-                    at = rng.randrange(len(text) - gap)
-                    between = text[at : at + gap]
+                    between = text_slice(rng, text, copy_gap)
                     if rng.random() < name_share:  # a made-up speaker returns
                         name = made_up(rng)
-                        said = [rng.choice(rng.choice(speeches)[1]) for _ in range(2)]
-                        parts.append(f"{name}:\n{said[0]}\n\n{between}\n\n{name}:\n{said[1]}\n\n")
+                        parts.append(speaker_returns(name, said_twice(rng, speeches), between))
                     else:
                         parts.append(f"{line}\n{between}\n{line}\n\n")
                 else:  # after the speeches that follow

@@ -25,17 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from recall_data import recall_passes  # scripts/, beside this file
+from recall_data import recall_passes, with_openings  # scripts/, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from txl.data import load_text, train_val_split  # noqa: E402
+from txl.train import TrainArgs, memory_length  # noqa: E402
 
 PLAN = ROOT / "configs" / "recall-plan.json"
 RUNS = ROOT / "runs" / "recall"
@@ -117,14 +119,46 @@ class Plan:
         return ROOT / self.plan["init_from"] if self.plan.get("init_from") else None
 
 
-def make_text(phase: dict, data: Path, runs: Path) -> Path:
-    """The phase's training text, made from its recipe (deterministic, never committed)."""
-    out = runs / "data" / f"{phase['name']}.txt"
+def make_text(plan: Plan, phase: dict, data: Path) -> Path:
+    """The phase's training text, made from its recipe (deterministic, never committed).
+
+    A recipe's ``openings`` ({"share", "gap", "seed"}) write a name drill over the text at
+    that share of the places where txl.train will start a segment from an empty memory
+    (``fresh_starts``): the name then opens what the model reads."""
+    out = plan.runs / "data" / f"{phase['name']}.txt"
     if not out.exists():
         train, _ = train_val_split(load_text(str(data)))
+        recipe = dict(phase["data"])
+        openings = recipe.pop("openings", None)
+        text = recall_passes(train, **recipe)
+        if openings:
+            places = fresh_starts(plan, phase, len(text))
+            rng = random.Random(openings["seed"])
+            places = [p for p in places if rng.random() < openings["share"]]
+            gap = tuple(int(x) for x in openings["gap"].split(","))
+            text = with_openings(text, places, train, openings["seed"], gap)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(recall_passes(train, **phase["data"]))
+        out.write_text(text)
     return out
+
+
+def fresh_starts(plan: Plan, phase: dict, n_chars: int) -> list[tuple[int, int]]:
+    """(start, end of its stream) of every segment that txl.train reads from an empty
+    memory in its first pass over a text of ``n_chars`` characters (one token each): the
+    first, and those of the steps whose ``memory_length`` is 0 (``mem_reset``). The same
+    layout as txl.data.StreamBatcher: ``batch`` rows of n_chars // batch, read tgt_len at a
+    time, every row at the same step."""
+    s = plan.settings(phase)
+    row = n_chars // s["batch"]
+    n_segments = (row - 1) // s["tgt_len"]
+    drawn = TrainArgs(**{k: s[k] for k in ("seed", "mem_min", "mem_max", "mem_reset") if k in s})
+    steps = [0] + [
+        step
+        for step in range(1, min(plan.steps(phase), n_segments))
+        if memory_length(step, drawn, s["mem_len"]) == 0
+    ]
+    rows = range(s["batch"])
+    return [(b * row + step * s["tgt_len"], (b + 1) * row) for step in steps for b in rows]
 
 
 def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) -> None:
@@ -137,7 +171,7 @@ def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) 
         config = plan.runs / f"{phase['name']}.json"
         config.write_text(json.dumps(dict(s, steps=plan.steps(phase)), indent=1))
         cmd += ["--config", str(config), "--data", str(data),
-                "--train-data", str(make_text(phase, data, plan.runs))]  # fmt: skip
+                "--train-data", str(make_text(plan, phase, data))]  # fmt: skip
         if plan.start_from(phase):
             cmd += ["--init-from", str(plan.start_from(phase))]
     budget = f"{plan.steps(phase):,} steps, {plan.tokens(phase):,} tokens"
@@ -199,7 +233,7 @@ def restore(plan: Plan, saved: Path, data: Path) -> None:
         if (run / "run.json").exists():
             info = json.loads((run / "run.json").read_text())
             info["train"].update(
-                out=str(run), data=str(data), train_data=str(make_text(phase, data, plan.runs))
+                out=str(run), data=str(data), train_data=str(make_text(plan, phase, data))
             )
             (run / "run.json").write_text(json.dumps(info, indent=2))
         print(f"{phase['name']}: restored from {kept}")

@@ -66,7 +66,7 @@ def test_the_plan_counts_tokens_by_the_law(driver, tmp_path):
     assert driver.law_tokens(8, 64, 5.7) == 11_340_573  # 10^5.7 * sqrt(512)
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
     first, second, content, names, fresh, text, more_names, spoken, words, *r2 = plan.phases
-    scenes, casts, natural = r2
+    scenes, casts, natural, *_ = r2
     assert plan.tokens(first) == driver.law_tokens(8, 64, 5.7)
     assert plan.steps(first) == 22_150  # ceil(11,340,573 / (8 x 64))
     assert plan.tokens(second) == plan.tokens(first)  # as many as phase 1, until it has run
@@ -96,18 +96,28 @@ def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_fro
     driver, tmp_path
 ):
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    assert all(plan.shipped(p) for p in plan.phases)  # phase 9 shipped: nothing left to run
+    # the shipped phases come first; a phase after them (run, saved, not shipped: phase
+    # 12) starts from the shipped weights
+    shipped = [plan.shipped(p) for p in plan.phases]
+    assert shipped[0] and shipped == sorted(shipped, reverse=True)
     assert "| phase9-natural | 8 x 64 | 4,500,000 (4500000) | 0 | — | shipped |" in (
         driver.table(plan)
     )
+    if not all(shipped):
+        assert plan.start_from(plan.phases[shipped.index(False)]) == ROOT / "weights" / (
+            "shakespeare-char"
+        )
     # the tries that were not kept stay out of the path
     kept = {p["name"] for p in plan.phases}
     assert not kept & {p["name"] for p in plan.plan["tried"]}
-    # a phase added after the shipped ones starts from the shipped weights
+    # a phase added after the last one starts from the one before it
     plan = driver.Plan(plan_with_next_phase(tmp_path), tmp_path)
-    *earlier, following = plan.phases
-    assert all(plan.shipped(p) for p in earlier) and not plan.shipped(following)
-    assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
+    *earlier, before, following = plan.phases
+    assert not plan.shipped(following)
+    if plan.shipped(before):
+        assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
+    else:
+        assert plan.start_from(following) == tmp_path / before["name"] / "model"
 
 
 def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd):
@@ -159,8 +169,53 @@ def test_the_table_says_what_was_spent(driver, tmp_path, capsys):
         json.dumps({"step": 10, "loss": 2.0, "tokens": 5120, "tok_s": 2000.0}) + "\n"
     )
     table = driver.table(plan)
-    assert "| phase-next | 8 x 64 | 4,500,000 (4500000) | 5,120 | 2,000 | new |" in table
+    budget = plan.tokens(plan.phases[-1])  # phase-next copies the last phase's budget
+    assert f"| phase-next | 8 x 64 | {budget:,} ({budget}) | 5,120 | 2,000 | new |" in table
     assert "| phase1-copy | 8 x 64 | 11,340,573 (law) | 0 | — | shipped |" in table
+
+
+def test_opening_drills_start_where_the_training_starts_from_an_empty_memory(driver, tmp_path):
+    """A recipe's ``openings`` write a made-up speaker at the very start of the segments
+    txl.train reads from an empty memory: read them as txl.train does (StreamBatcher, the
+    steps whose memory_length is 0), and each of those that holds a drill opens with its
+    name, which returns later in the same stream."""
+    import torch
+
+    from txl.data import StreamBatcher
+
+    plan_path = plan_file(tmp_path / "plan.json", mem_min=16, mem_max=48, mem_reset=0.3)
+    plan = driver.Plan(plan_path, tmp_path / "runs")
+    phase = plan.phases[1]
+    phase["data"]["openings"] = {"share": 0.5, "gap": "20,200", "seed": 3}
+    phase["data"]["repeat"] = 8  # rows long enough for drills of up to ~300 characters
+    phase["tokens"] = 20_000  # 625 steps of 2 x 16, within the first pass
+    text = driver.make_text(plan, phase, plays(tmp_path / "plays.txt")).read_text()
+    s = plan.settings(phase)
+    batcher = StreamBatcher(torch.tensor([ord(c) for c in text]), s["batch"], s["tgt_len"])
+    drawn = driver.TrainArgs(seed=s["seed"], mem_min=16, mem_max=48, mem_reset=0.3)
+    fresh = [
+        step
+        for step in range(plan.steps(phase))
+        if step == 0 or driver.memory_length(step, drawn, s["mem_len"]) == 0
+    ]
+    assert plan.steps(phase) < len(batcher) and len(fresh) > 100
+    plain = driver.recall_passes(
+        driver.train_val_split(driver.load_text(str(tmp_path / "plays.txt")))[0],
+        **{k: v for k, v in phase["data"].items() if k != "openings"},
+    )
+    assert len(text) == len(plain)  # written over the text: the layout stays
+    row_len = batcher.streams.size(1)
+    opened = 0
+    for step in fresh:
+        for row in range(s["batch"]):
+            at = row * row_len + step * s["tgt_len"]
+            rest = text[at : (row + 1) * row_len]
+            name = rest.split(":\n", 1)[0]
+            written = text[at : at + 64] != plain[at : at + 64]  # not the play's own heading
+            if written and name[:1].isalpha() and f"\n\n{name}:\n" in rest:
+                opened += 1  # a made-up speaker opens the segment and speaks again later
+    # share 0.5 of the fresh starts, less those that would run into the drill before
+    assert 0.15 * len(fresh) * s["batch"] <= opened <= 0.5 * len(fresh) * s["batch"]
 
 
 if __name__ == "__main__":
