@@ -96,8 +96,8 @@ def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_fro
     driver, tmp_path
 ):
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    # the shipped phases come first; a phase after them (run, saved, not shipped: phase
-    # 12) starts from the shipped weights
+    # the shipped phases come first; the first after them (run, not shipped: phase 12)
+    # starts from the shipped weights
     shipped = [plan.shipped(p) for p in plan.phases]
     assert shipped[0] and shipped == sorted(shipped, reverse=True)
     assert "| phase9-natural | 8 x 64 | 4,500,000 (4500000) | 0 | — | shipped |" in (
@@ -191,8 +191,14 @@ def test_opening_drills_start_where_the_training_starts_from_an_empty_memory(dri
     phase["tokens"] = 20_000  # 625 steps of 2 x 16, within the first pass
     text = driver.make_text(plan, phase, plays(tmp_path / "plays.txt")).read_text()
     s = plan.settings(phase)
-    batcher = StreamBatcher(torch.tensor([ord(c) for c in text]), s["batch"], s["tgt_len"])
-    drawn = driver.TrainArgs(seed=s["seed"], mem_min=16, mem_max=48, mem_reset=0.3)
+
+    def read(chars: str) -> StreamBatcher:  # one token a character, as the model's vocab
+        return StreamBatcher(torch.tensor([ord(c) for c in chars]), s["batch"], s["tgt_len"])
+
+    batcher = read(text)
+    drawn = driver.TrainArgs(
+        seed=s["seed"], mem_min=s["mem_min"], mem_max=s["mem_max"], mem_reset=s["mem_reset"]
+    )
     fresh = [
         step
         for step in range(plan.steps(phase))
@@ -204,14 +210,15 @@ def test_opening_drills_start_where_the_training_starts_from_an_empty_memory(dri
         **{k: v for k, v in phase["data"].items() if k != "openings"},
     )
     assert len(text) == len(plain)  # written over the text: the layout stays
-    row_len = batcher.streams.size(1)
+    unaltered = read(plain)
     opened = 0
     for step in fresh:
+        segment, before = batcher.segment(step), unaltered.segment(step)
         for row in range(s["batch"]):
-            at = row * row_len + step * s["tgt_len"]
-            rest = text[at : (row + 1) * row_len]
+            # the row from the segment txl.train reads at this step, to the row's end
+            rest = "".join(map(chr, batcher.streams[row, segment.index * s["tgt_len"] :].tolist()))
             name = rest.split(":\n", 1)[0]
-            written = text[at : at + 64] != plain[at : at + 64]  # not the play's own heading
+            written = not torch.equal(segment.inputs[row], before.inputs[row])  # not the play's
             if written and name[:1].isalpha() and f"\n\n{name}:\n" in rest:
                 opened += 1  # a made-up speaker opens the segment and speaks again later
     # share 0.5 of the fresh starts, less those that would run into the drill before
