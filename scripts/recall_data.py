@@ -135,6 +135,20 @@ def speaker_returns(name: str, said: list[str], between: str) -> str:
     return f"{name}:\n{said[0]}\n\n{between}\n\n{name}:\n{said[1]}\n\n"
 
 
+def scene_under_way(rng: random.Random, speeches, size: tuple[int, int]) -> str:
+    """Whole speeches of ``speeches`` in a row, from a random one, until lo..hi characters
+    (log-uniform) are reached: a scene under way, opened by its own speaker's heading, as
+    the Recall tab's text before the speaker (the opening of *Hamlet*)."""
+    lo, hi = size
+    target = math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi)))
+    i, out = rng.randrange(len(speeches)), ""
+    while len(out) < target:
+        speaker, lines = speeches[i % len(speeches)]
+        out += f"{speaker}:\n" + "\n".join(lines) + "\n\n"
+        i += 1
+    return out
+
+
 def with_openings(
     text: str,
     places: list[tuple[int, int]],
@@ -144,6 +158,8 @@ def with_openings(
     title_share: float = 0.3,
     spoken_names: float = 0.35,
     word_names: float = 0.35,
+    entrant: float = 0.0,
+    before: tuple[int, int] = (50, 600),
 ) -> str:
     """``text`` with a name drill (``speaker_returns``: a made-up speaker, a slice of
     ``source`` of ``gap`` characters between) written over it at each (start, end) of
@@ -154,7 +170,15 @@ def with_openings(
     an empty memory (its ``mem_reset`` steps, and the first): the made-up name then opens
     the text the model reads, as in the recall check's opening probe, which carried memory
     and drills at random places almost never showed the model (docs/recall-training.md,
-    r2's phase 9: the opening name at 3.2-4.0 bits/char)."""
+    r2's phase 9: the opening name at 3.2-4.0 bits/char).
+
+    With ``entrant``, that share of the drills starts with a scene under way instead
+    (``scene_under_way``: ``before`` characters of whole speeches of ``source``), and the
+    made-up speaker enters after it: the name that returns is then not the one that opened
+    the text. Drills that always bring the opener back taught phases 12-14 to expect it
+    while the text's start is in memory, and a newcomer after the opening of *Hamlet* (the
+    Recall tab's probe) was recalled worse (docs/recall-training.md, phase 14). Without
+    ``entrant`` the random draws, and so the text, are those of the recipes before it."""
     rng = random.Random(seed)
     speeches = speeches_of(source)
     made_up = name_maker(source, title_share, spoken_names, word_names)
@@ -162,6 +186,8 @@ def with_openings(
     for start, end in sorted(places):
         between = text_slice(rng, source, gap)
         drill = speaker_returns(made_up(rng), said_twice(rng, speeches), between)
+        if entrant and rng.random() < entrant:
+            drill = scene_under_way(rng, speeches, before) + drill
         if start < written or start + len(drill) > end:
             continue
         out += [text[written:start], drill]

@@ -122,9 +122,11 @@ class Plan:
 def make_text(plan: Plan, phase: dict, data: Path) -> Path:
     """The phase's training text, made from its recipe (deterministic, never committed).
 
-    A recipe's ``openings`` ({"share", "gap", "seed"}) write a name drill over the text at
-    that share of the places where txl.train will start a segment from an empty memory
-    (``fresh_starts``): the name then opens what the model reads."""
+    A recipe's ``openings`` ({"share", "gap", "seed"}, and optionally "entrant" and
+    "before") write a name drill over the text at that share of the places where txl.train
+    will start a segment from an empty memory (``fresh_starts``): the name then opens what
+    the model reads, or, at the "entrant" share, enters after "before" ("LO,HI")
+    characters of a scene under way (``recall_data.with_openings``)."""
     out = plan.runs / "data" / f"{phase['name']}.txt"
     if not out.exists():
         train, _ = train_val_split(load_text(str(data)))
@@ -136,7 +138,11 @@ def make_text(plan: Plan, phase: dict, data: Path) -> Path:
             rng = random.Random(openings["seed"])
             places = [p for p in places if rng.random() < openings["share"]]
             gap = tuple(int(x) for x in openings["gap"].split(","))
-            text = with_openings(text, places, train, openings["seed"], gap)
+            before = tuple(int(x) for x in openings.get("before", "50,600").split(","))
+            entrant = openings.get("entrant", 0.0)
+            text = with_openings(
+                text, places, train, openings["seed"], gap, entrant=entrant, before=before
+            )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     return out

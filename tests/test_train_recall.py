@@ -96,8 +96,8 @@ def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_fro
     driver, tmp_path
 ):
     plan = driver.Plan(ROOT / "configs" / "recall-plan.json", tmp_path)
-    # the shipped phases come first; the first after them (run, not shipped: phase 12)
-    # starts from the shipped weights
+    # the shipped phases come first; the first after them (when the plan has one: run,
+    # not shipped) starts from the shipped weights
     shipped = [plan.shipped(p) for p in plan.phases]
     assert shipped[0] and shipped == sorted(shipped, reverse=True)
     assert "| phase9-natural | 8 x 64 | 4,500,000 (4500000) | 0 | — | shipped |" in (
@@ -223,6 +223,30 @@ def test_opening_drills_start_where_the_training_starts_from_an_empty_memory(dri
                 opened += 1  # a made-up speaker opens the segment and speaks again later
     # share 0.5 of the fresh starts, less those that would run into the drill before
     assert 0.15 * len(fresh) * s["batch"] <= opened <= 0.5 * len(fresh) * s["batch"]
+
+
+def test_an_entrant_drill_brings_back_a_speaker_who_did_not_open_the_text(driver, tmp_path):
+    """With ``entrant`` an opening drill starts with a scene under way (whole speeches of
+    the source, opened by their own heading, as the Recall tab's text before the speaker)
+    and the made-up speaker enters after it and returns: the name that comes back is not
+    the text's opener. Without it, the text is the one the earlier recipes were made of."""
+    from recall_data import speeches_of, with_openings
+
+    source = plays(tmp_path / "plays.txt").read_text()
+    blank = "\0" * 40_000  # a character no drill writes: each drill ends where it resumes
+    places = [(a, a + 4_000) for a in range(0, 40_000, 4_000)]
+    assert with_openings(blank, places, source, 3, (20, 200)) == with_openings(
+        blank, places, source, 3, (20, 200), entrant=0.0
+    )
+    new = with_openings(blank, places, source, 3, (20, 200), entrant=1.0, before=(50, 300))
+    speakers = {speaker for speaker, _ in speeches_of(source)}
+    drills = [new[a : new.index("\0", a)] for a, _ in places if new[a] != "\0"]
+    assert len(drills) >= 8
+    for drill in drills:
+        name = drill.rstrip("\n").rsplit("\n\n", 1)[1].split(":\n")[0]  # who returns last
+        opener = drill.split(":\n", 1)[0]
+        assert opener in speakers and name not in speakers  # a scene's own speaker opens it
+        assert drill.count(f"\n\n{name}:\n") == 2  # the newcomer enters after it, and returns
 
 
 if __name__ == "__main__":
