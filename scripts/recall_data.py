@@ -116,11 +116,21 @@ def speeches_of(text: str) -> list[tuple[str, list[str]]]:
     return [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
 
 
+def span(lo_hi: str) -> tuple[int, int]:
+    """A recipe's "LO,HI" (characters): (lo, hi)."""
+    lo, hi = (int(x) for x in lo_hi.split(","))
+    return lo, hi
+
+
+def log_uniform(rng: random.Random, lo_hi: tuple[int, int]) -> float:
+    """A length drawn log-uniform in lo..hi: as many of 8-16 as of 250-500."""
+    lo, hi = lo_hi
+    return math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi)))
+
+
 def text_slice(rng: random.Random, text: str, gap: tuple[int, int]) -> str:
-    """A slice of ``text`` from anywhere, lo..hi characters long, log-uniform: as many of
-    8-16 characters as of 250-500."""
-    lo, hi = gap
-    length = round(math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi))))
+    """A slice of ``text`` from anywhere, lo..hi characters long (``log_uniform``)."""
+    length = round(log_uniform(rng, gap))
     at = rng.randrange(len(text) - length)
     return text[at : at + length]
 
@@ -139,8 +149,7 @@ def scene_under_way(rng: random.Random, speeches, size: tuple[int, int]) -> str:
     """Whole speeches of ``speeches`` in a row, from a random one, until lo..hi characters
     (log-uniform) are reached: a scene under way, opened by its own speaker's heading, as
     the Recall tab's text before the speaker (the opening of *Hamlet*)."""
-    lo, hi = size
-    target = math.exp(rng.uniform(math.log(max(lo, 1)), math.log(hi)))
+    target = log_uniform(rng, size)
     i, out = rng.randrange(len(speeches)), ""
     while len(out) < target:
         speaker, lines = speeches[i % len(speeches)]
@@ -306,9 +315,8 @@ def recall_passes(
     """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
     (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
     keywords are a recipe's: scripts/train_recall.py passes a phase's ``data`` as they are."""
-    gap = tuple(int(x) for x in copy_gap.split(","))
     drills = dict(
-        copy_gap=gap,
+        copy_gap=span(copy_gap),
         near_share=near_share,
         inline_gap=inline_gap,
         name_share=name_share,

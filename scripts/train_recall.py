@@ -32,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recall_data import recall_passes, with_openings  # scripts/, beside this file
+from recall_data import recall_passes, span, with_openings  # scripts/, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -137,11 +137,11 @@ def make_text(plan: Plan, phase: dict, data: Path) -> Path:
             places = fresh_starts(plan, phase, len(text))
             rng = random.Random(openings["seed"])
             places = [p for p in places if rng.random() < openings["share"]]
-            gap = tuple(int(x) for x in openings["gap"].split(","))
-            before = tuple(int(x) for x in openings.get("before", "50,600").split(","))
-            entrant = openings.get("entrant", 0.0)
+            entrants = {"entrant": openings.get("entrant", 0.0)}
+            if "before" in openings:
+                entrants["before"] = span(openings["before"])
             text = with_openings(
-                text, places, train, openings["seed"], gap, entrant=entrant, before=before
+                text, places, train, openings["seed"], span(openings["gap"]), **entrants
             )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
