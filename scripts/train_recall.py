@@ -108,10 +108,13 @@ class Plan:
         return math.ceil(self.tokens(phase) / (s["batch"] * s["tgt_len"]))
 
     def start_from(self, phase: dict) -> Path | None:
-        """The model the phase starts from: the last phase's; for the first, the plan's
-        ``init_from`` (null: from scratch); after the last shipped phase, the shipped
+        """The model the phase starts from: the last phase's, or the one its ``from`` names
+        (an earlier phase: a branch, back past phases that drifted); for the first, the
+        plan's ``init_from`` (null: from scratch); a shipped phase's is the shipped
         weights."""
         i = self.phases.index(phase)
+        if "from" in phase:
+            i = 1 + next(j for j, p in enumerate(self.phases) if p["name"] == phase["from"])
         if i > 0 and self.shipped(self.phases[i - 1]):
             return ROOT / self.plan["shipped"]["weights"]
         if i > 0:

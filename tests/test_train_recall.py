@@ -86,7 +86,8 @@ def plan_with_next_phase(tmp_path: Path) -> Path:
     """The project's plan with one more phase after the shipped ones: phase-next, a copy
     of the last (the next session's case)."""
     extended = json.loads((ROOT / "configs" / "recall-plan.json").read_text())
-    extended["phases"].append({**extended["phases"][-1], "name": "phase-next"})
+    last = {k: v for k, v in extended["phases"][-1].items() if k != "from"}
+    extended["phases"].append({**last, "name": "phase-next"})
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(extended))
     return path
@@ -118,6 +119,15 @@ def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_fro
         assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
     else:
         assert plan.start_from(following) == tmp_path / before["name"] / "model"
+    # a phase may branch from an earlier one ("from"): its model, the shipped weights
+    # when that phase is shipped
+    following["from"] = earlier[-1]["name"]
+    if plan.shipped(earlier[-1]):
+        assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
+    else:
+        assert plan.start_from(following) == tmp_path / earlier[-1]["name"] / "model"
+    following["from"] = plan.plan["shipped"]["phase"]
+    assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
 
 
 def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd):
