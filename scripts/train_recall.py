@@ -6,7 +6,8 @@
     .venv/bin/python scripts/train_recall.py --data ... --end-phase phase1-copy  # goal met: next
 
 Each phase is one ``txl.train`` run in ``runs/recall/<phase>/`` (ignored by git), started
-from the previous phase's model (the first from the plan's ``init_from``) and budgeted in
+from the previous phase's model (the first from the plan's ``init_from``; a phase with
+``"from": <an earlier phase>`` from that one's, a branch) and budgeted in
 tokens: "law" is the law of when induction heads form (Aoyama, Wilcox and Schneider 2025,
 arXiv 2511.16893), N = 10^5.7 * sqrt(batch * tgt_len); a phase's name means "as many
 tokens as that phase took"; a number is that many. A run takes many hours on a CPU, so it
@@ -114,7 +115,13 @@ class Plan:
         weights."""
         i = self.phases.index(phase)
         if "from" in phase:
-            i = 1 + next(j for j, p in enumerate(self.phases) if p["name"] == phase["from"])
+            earlier = [p["name"] for p in self.phases[:i]]
+            if phase["from"] not in earlier:
+                raise ValueError(
+                    f'{phase["name"]}: "from": {phase["from"]!r} is not an earlier phase of the '
+                    f"plan ({', '.join(earlier) or 'none'})"
+                )
+            i = 1 + earlier.index(phase["from"])
         if i > 0 and self.shipped(self.phases[i - 1]):
             return ROOT / self.plan["shipped"]["weights"]
         if i > 0:

@@ -128,6 +128,9 @@ def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_fro
         assert plan.start_from(following) == tmp_path / earlier[-1]["name"] / "model"
     following["from"] = plan.plan["shipped"]["phase"]
     assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
+    following["from"] = "phase-next"  # itself, or a phase after it: said, not guessed
+    with pytest.raises(ValueError, match="'phase-next' is not an earlier phase"):
+        plan.start_from(following)
 
 
 def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd):
