@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -288,9 +289,14 @@ def test_local_files_only_and_not_cached(online):
 )
 def test_malformed_ids_fail_fast_without_network(online, source, monkeypatch):
     # "Fast" without a clock: no request reaches the Hub, and nothing waits to retry
-    # (huggingface_hub's backoff sleeps between tries).
-    slept = []
-    monkeypatch.setattr(time, "sleep", lambda seconds: slept.append(seconds))
+    # (huggingface_hub's backoff sleeps between tries, in the caller's thread). Only this
+    # thread's sleeps count: a thread an earlier test left running sleeps as it likes.
+    slept, real_sleep, caller = [], time.sleep, threading.get_ident()
+
+    def sleep(seconds):
+        slept.append(seconds) if threading.get_ident() == caller else real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
     message = load_error(source)
     assert source[:40] in message
     assert online.requests == []
