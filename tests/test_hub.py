@@ -294,7 +294,10 @@ def test_malformed_ids_fail_fast_without_network(online, source, monkeypatch):
     slept, real_sleep, caller = [], time.sleep, threading.get_ident()
 
     def sleep(seconds):
-        slept.append(seconds) if threading.get_ident() == caller else real_sleep(seconds)
+        if threading.get_ident() == caller:
+            slept.append(seconds)
+        else:
+            real_sleep(seconds)
 
     monkeypatch.setattr(time, "sleep", sleep)
     message = load_error(source)

@@ -246,3 +246,28 @@ def test_the_log_shows_copying_and_recall_as_training_goes(tmp_path):
 def test_probes_need_the_characters_they_read(toy_text, tmp_path):
     with pytest.raises(SystemExit, match="lacks characters the probes use"):
         train(run_args(toy_text, tmp_path / "run", probe_every=3), dict(TINY_MODEL))
+
+
+def test_heading_weights_mark_the_character_after_a_blank_line():
+    from txl.train import heading_weights
+
+    text = "A:\nhi.\n\nB:\nso.\n\nA"
+    ids = torch.tensor([[ord(c) for c in text[:-1]]])  # inputs; target t is text[t + 1]
+    w = heading_weights(ids, ord("\n"), 4.0)
+    weighted = [t + 1 for t in range(ids.size(1)) if w[0, t] == 4.0]
+    assert weighted == [text.index("B"), len(text) - 1]  # who speaks next, both times
+    assert w.sum().item() == ids.numel() + 2 * 3.0  # every other target counts once
+
+
+def test_a_heading_weight_changes_training_not_what_the_log_reports(tmp_path):
+    rng = random.Random(0)
+    play = "".join(f"{rng.choice(['ROMEO', 'NURSE'])}:\n{rng.choice(['ay.', 'no, sir.'])}\n\n"
+                   for _ in range(400))  # fmt: skip
+    data = tmp_path / "play.txt"
+    data.write_text(play)
+    model_kw = dict(TINY_MODEL, dropout=0.0)
+    train(run_args(data, tmp_path / "plain", steps=3), model_kw)
+    train(run_args(data, tmp_path / "weighted", steps=3, heading_weight=8.0), model_kw)
+    plain, weighted = logged_losses(tmp_path / "plain"), logged_losses(tmp_path / "weighted")
+    assert weighted[1] == plain[1]  # the same model on the same batch: the plain mean
+    assert weighted[2] != plain[2]  # but the step it took differed

@@ -174,6 +174,36 @@ def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd)
     assert {s: resumed[s] for s in (1, 2)} == {s: losses(b)[s] for s in (1, 2)}
 
 
+def test_a_branch_not_yet_started_finds_its_model_in_a_new_checkout(driver, tmp_path):
+    # a, b done; c, not started, branches from a ("from"): --save keeps a's model, which a
+    # new checkout needs to start c, and not b's, which nothing starts from
+    data = plays(tmp_path / "plays.txt")
+    plan = json.loads(plan_file(tmp_path / "p.json").read_text())
+    plan["phases"].append(dict(plan["phases"][1], name="c", tokens=2**5, **{"from": "a"}))
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    args = ["--data", str(data), "--threads", "1", "--plan", str(tmp_path / "p.json")]
+    old, saved = tmp_path / "old", tmp_path / "saved"
+    driver.main([*args, "--runs", str(old), "--phases", "2"])
+    assert [driver.status(old / n) for n in "abc"] == ["done", "done", "new"]
+    driver.main([*args, "--runs", str(old), "--saved", str(saved), "--save"])
+    assert (saved / "a" / "model").exists() and not (saved / "b" / "model").exists()
+
+    new = tmp_path / "new"
+    driver.main([*args, "--runs", str(new), "--saved", str(saved)])
+    assert driver.status(new / "c") == "done"
+    ran = json.loads((new / "c" / "run.json").read_text())["train"]
+    assert ran["init_from"] == str(new / "a" / "model")
+
+
+def test_a_phase_says_where_its_rows_stop(driver, tmp_path):
+    # validation reads lower when the rows stop near the training text's end (the play it
+    # continues): the driver says where each phase stops, so that phases compare alike
+    plan = driver.Plan(plan_file(tmp_path / "p.json"), tmp_path)
+    a = plan.phases[0]  # 6 steps of 2 rows x 16 tokens: 96 tokens of each row
+    assert driver.where_it_stops(plan, a, 2 * 100) == "stops at 96% of each of its 2 rows"
+    assert driver.where_it_stops(plan, a, 2 * 80) == "wraps past the end of its rows (1.20 passes)"
+
+
 def test_the_table_says_what_was_spent(driver, tmp_path, capsys):
     plan = driver.Plan(plan_with_next_phase(tmp_path), tmp_path)
     run = tmp_path / "phase-next"  # the first phase after the shipped ones

@@ -96,6 +96,9 @@ class TrainArgs:
     bf16: bool = False  # bfloat16 autocast on the CPU too (fast where it has AMX/AVX-512 BF16)
     probe_every: int = 0  # > 0: every n steps, log the copy drill and the recall probe
     # (txl.recall.recall_progress), so the log shows when copying forms and reaches memory
+    heading_weight: float = 1.0  # the loss on a character after a blank line (in a play,
+    # a speaker heading's first letter: who speaks next) counts this many times, see
+    # heading_weights
 
 
 # What a resumed run may change: how long it goes on, and what it logs along the way.
@@ -137,6 +140,21 @@ def memory_length(step: int, a: TrainArgs, mem_len: int) -> int:
     if a.mem_reset > 0 and rng.random() < a.mem_reset:
         return 0
     return rng.randint(a.mem_min, a.mem_max)
+
+
+def heading_weights(inputs: torch.Tensor, newline: int, weight: float) -> torch.Tensor:
+    """Loss weights [B, T] for the targets of ``inputs`` [B, T]: ``weight`` where the
+    target follows a blank line (inputs t-1 and t are both newlines), 1 elsewhere.
+
+    In a play the character after a blank line is a speaker heading's first letter: the
+    choice of who speaks next, which memory should make (the scene's cast is in it), one
+    target in ~50 and so a small share of the mean loss. Weighting it asks the model to
+    spend more of itself on that choice (issue 43). A segment's first target has its
+    character before in the last segment and is never weighted: 1 target in T."""
+    blank = (inputs[:, 1:] == newline) & (inputs[:, :-1] == newline)
+    weights = torch.ones(inputs.shape, dtype=torch.float32)
+    weights[:, 1:][blank] = weight
+    return weights
 
 
 def make_optimizer(model: torch.nn.Module, a: TrainArgs) -> torch.optim.AdamW:
@@ -468,6 +486,9 @@ def train(
     train_ids = torch.tensor(tokenizer.encode(train_text), dtype=torch.long)
     val_ids = torch.tensor(tokenizer.encode(val_text), dtype=torch.long)
     batcher = StreamBatcher(train_ids, args.batch, cfg.tgt_len, rank, world)
+    newline = tokenizer.stoi.get("\n")
+    if args.heading_weight != 1.0 and newline is None:
+        raise SystemExit("--heading-weight: the text has no newlines, so no headings to weight")
     missing = args.probe_every and "".join(tokenizer.unknown_symbols(progress_symbols(val_text)))
     if missing:
         raise SystemExit(f"--probe-every: the text lacks characters the probes use: {missing!r}")
@@ -533,11 +554,18 @@ def train(
             mems = [m[:, m.size(1) - min(use, m.size(1)) :] for m in mems]
         with autocast:
             out_ = ddp(batch.inputs.to(device), mems=mems, mem_len=max(cfg.mem_len, args.mem_max))
-            loss = F.cross_entropy(
-                out_.logits.float().flatten(0, 1), batch.targets.to(device).flatten()
+            nll = F.cross_entropy(  # [B * T]
+                out_.logits.float().flatten(0, 1),
+                batch.targets.to(device).flatten(),
+                reduction="none",
             )
+            loss = nll.mean()  # what the log shows: the plain mean, whatever the weights
+            trained = loss
+            if args.heading_weight != 1.0:
+                w = heading_weights(batch.inputs, newline, args.heading_weight).to(device)
+                trained = (w.flatten() * nll).sum() / w.sum()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        trained.backward()
         if args.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
