@@ -194,6 +194,7 @@ def where_it_stops(plan: Plan, phase: dict, n_chars: int) -> str:
 
 def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) -> None:
     run, s = plan.run_dir(phase), plan.settings(phase)
+    text = make_text(plan, phase, data)  # made once; a resumed run reads the same text
     cmd = ["-m", "txl.train", "--out", str(run), "--threads", str(threads)]
     if status(run) == "started":  # what a resumed run may change: how long, what it logs
         cmd += ["--resume", "--steps", str(plan.steps(phase)), "--probe-every",
@@ -202,11 +203,11 @@ def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) 
         config = plan.runs / f"{phase['name']}.json"
         config.write_text(json.dumps(dict(s, steps=plan.steps(phase)), indent=1))
         cmd += ["--config", str(config), "--data", str(data),
-                "--train-data", str(make_text(plan, phase, data))]  # fmt: skip
+                "--train-data", str(text)]  # fmt: skip
         if plan.start_from(phase):
             cmd += ["--init-from", str(plan.start_from(phase))]
     budget = f"{plan.steps(phase):,} steps, {plan.tokens(phase):,} tokens"
-    stops = where_it_stops(plan, phase, len(make_text(plan, phase, data).read_text()))
+    stops = where_it_stops(plan, phase, len(text.read_text()))
     print(f"{phase['name']}: {budget}; {stops}", flush=True)
     subprocess.run([python, *cmd], cwd=ROOT, check=True)
 

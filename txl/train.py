@@ -147,10 +147,10 @@ def heading_weights(inputs: torch.Tensor, newline: int, weight: float) -> torch.
     target follows a blank line (inputs t-1 and t are both newlines), 1 elsewhere.
 
     In a play the character after a blank line is a speaker heading's first letter: the
-    choice of who speaks next, which memory should make (the scene's cast is in it), one
-    target in ~50 and so a small share of the mean loss. Weighting it asks the model to
-    spend more of itself on that choice (issue 43). A segment's first target has its
-    character before in the last segment and is never weighted: 1 target in T."""
+    choice of who speaks next, which memory should make (the scene's cast is in it): one
+    target in ~146 of the recall recipes' text, 0.7 % of the mean loss. Weighting it asks
+    the model to spend more of itself on that choice (issue 43). A segment's first target
+    has its character before in the last segment and is never weighted: 1 target in T."""
     blank = (inputs[:, 1:] == newline) & (inputs[:, :-1] == newline)
     weights = torch.ones(inputs.shape, dtype=torch.float32)
     weights[:, 1:][blank] = weight
