@@ -13,7 +13,10 @@ writes a scene itself it has to *choose* the speaker. Three readings, seeded, wi
   headings that name a speaker of the prompt's last M + W characters (the *cast*, which a
   memory of M reaches from the newest segment's end), beside the share in the text's own
   continuation of the same prompts (the reference line: what a writer who remembers the
-  scene does).
+  scene does). And at each heading written, the probability the model gave the cast's
+  first letters: at the first heading (straight after the prompt, where the text itself
+  has the same context) and at the later ones (after speeches the model wrote itself),
+  beside the same read of the text's own headings (teacher-forced, the same steps).
 - **made-up scenes**: three made-up speakers (held out from training: the kinds of
   recall_check.py) who each speak twice, real validation speeches as their lines, at the
   end of a 1,500-character prompt. Read: the share of written headings that are the
@@ -76,25 +79,65 @@ def generate(model, prompts: list[str], n: int, temperature: float, seed: int,
     """``n`` characters after each prompt (all of one length), sampled at ``temperature``
     from one seeded generator. ``mem_len`` None: through the window of tgt_len, recomputed
     every step; else with a memory of ``mem_len`` (the prompt read in segments of tgt_len)."""
+    return write(model, prompts, n, temperature, seed, mem_len)[0]
+
+
+@torch.no_grad()
+def write(model, prompts: list[str], n: int, temperature: float, seed: int,
+          mem_len: int | None, forced: list[str] | None = None,
+          until: str | None = None):  # fmt: skip
+    """``generate``, and the distribution each character was drawn from, [B, n, vocab]
+    (softmax of the logits / ``temperature``). ``forced``: the characters are these texts'
+    (teacher forcing, the same steps), not sampled: what the model expected of them.
+    ``until`` (two characters): stop once every row has written it (rows then differ in
+    what they wrote after it)."""
     tok, W = model.tokenizer, model.config.tgt_len
     ids = torch.tensor([tok.encode(p) for p in prompts], dtype=torch.long)  # [B, T]
+    given = torch.tensor([tok.encode(t[:n]) for t in forced]) if forced else None  # [B, n]
     generator = torch.Generator().manual_seed(seed)
     memory = None
     if mem_len is not None:
         for a in range(0, ids.size(1), W):
             out = cached_forward(model, ids[:, a : a + W], memory, mem_len=mem_len, last_only=True)
             memory = out.memory
-    written = []
-    for _ in range(n):
+    written, drawn_from = [], []
+    stop = torch.tensor(tok.encode(until)) if until else None
+    ended = torch.zeros(len(prompts), dtype=torch.bool)
+    for step in range(n):
         if mem_len is None:
             out = cached_forward(model, ids[:, -W:], None, mem_len=W, last_only=True)
-        logits = out.logits[:, -1].float() / temperature  # [B, vocab]
-        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)  # [B, 1]
+        probs = torch.softmax(out.logits[:, -1].float() / temperature, -1)  # [B, vocab]
+        if given is None:
+            nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
+        else:
+            nxt = given[:, step : step + 1]
         written.append(nxt)
+        drawn_from.append(probs)
+        if stop is not None and step > 0:
+            ended |= (written[-2][:, 0] == stop[0]) & (nxt[:, 0] == stop[1])
+            if ended.all():
+                break
         ids = torch.cat([ids, nxt], 1) if mem_len is None else nxt
         if mem_len is not None:
             out = cached_forward(model, nxt, memory, mem_len=mem_len)
-    return [tok.decode(row) for row in torch.cat(written, 1).tolist()]
+    texts = [tok.decode(row) for row in torch.cat(written, 1).tolist()]
+    return texts, torch.stack(drawn_from, 1)
+
+
+def cast_probability(texts: list[str], probs: torch.Tensor, casts: list[set[str]],
+                     tokenizer) -> dict:  # fmt: skip
+    """At each heading written in ``texts``: the probability the model gave the first
+    letters of the prompt's cast (``probs[b, j]``: what character j of text b was drawn
+    from). Split at the first heading, written straight after the prompt (the context the
+    text itself has there), and the later ones, written after the model's own speeches."""
+    first, later = [], []
+    for b, (text, names) in enumerate(zip(texts, casts)):
+        letters = sorted({tokenizer.encode(name[0])[0] for name in names})
+        for at, _ in headings("\n\n" + text):
+            mass = probs[b, at - 2, letters].sum().item()  # "\n\n" moved it 2 along
+            (first if at == 2 else later).append(mass)
+    return {"first": mean(first), "first_n": len(first), "later": mean(later),
+            "later_n": len(later)}  # fmt: skip
 
 
 # ---- the prompts ------------------------------------------------------------------------
@@ -174,21 +217,36 @@ def sides(args) -> list[tuple[str, float, int | None]]:
 def read_real(model, val, args) -> dict:
     reach = args.mem_len + model.config.tgt_len
     scenes = real_scenes(val, args.scenes, args.chars, args.seed)
-    prompts = [p for p, _ in scenes]
+    prompts, own = [p for p, _ in scenes], [t for _, t in scenes]
     casts = [cast(p, reach) for p in prompts]
-    result = {"reference": _heading_share([t for _, t in scenes], casts)}
+    result = {"reference": _heading_share(own, casts)}
     for side, temperature, mem in sides(args):
-        texts = generate(model, prompts, args.chars, temperature, args.seed, mem)
-        result[f"{side} T={temperature}"] = _heading_share(texts, casts)
-        result[f"{side} T={temperature}"]["samples"] = texts[: args.samples]
+        texts, probs = write(model, prompts, args.chars, temperature, args.seed, mem)
+        result[f"{side} T={temperature}"] = {
+            **_heading_share(texts, casts),
+            "cast_probability": cast_probability(texts, probs, casts, model.tokenizer),
+            "samples": texts[: args.samples],
+        }
+        if side == "memory":  # the text's own headings, read the same way
+            _, probs = write(model, prompts, args.chars, temperature, args.seed, mem, own)
+            result["reference"][f"cast_probability T={temperature}"] = cast_probability(
+                own, probs, casts, model.tokenizer
+            )
     return result
 
 
 def _heading_share(texts: list[str], casts: list[set[str]]) -> dict:
+    """The share of written headings that name the cast; and, to tell the choice of the
+    speaker from the copy of the name, the share that begin with a cast member's first
+    letter, and of those the share that are then a cast member exactly."""
     written = [[name for _, name in headings("\n\n" + t)] for t in texts]
-    hits = sum(name in c for names, c in zip(written, casts) for name in names)
-    total = sum(map(len, written))
-    return {"headings": total, "from_cast": hits, "share": share(hits, total)}
+    pairs = [(name, c) for names, c in zip(written, casts) for name in names]
+    hits = sum(name in c for name, c in pairs)
+    begun = sum(name[0] in {n[0] for n in c} for name, c in pairs)
+    return {
+        "headings": len(pairs), "from_cast": hits, "share": share(hits, len(pairs)),
+        "cast_letter": share(begun, len(pairs)), "exact_of_begun": share(hits, begun),
+    }  # fmt: skip
 
 
 def read_made_up(model, val, args) -> dict:
@@ -268,15 +326,30 @@ def report(source, result: dict, args, window: int) -> str:
             numbers = " | ".join(f"{r[c]:.2f}" for c in cells)
             lines.append(f"| {kind} | {r['returning']} | {numbers} |")
     if "real" in result:
-        ref, reach = result["real"]["reference"], args.mem_len + window
+        reach = args.mem_len + window
         lines += [
             "",
-            f"real scenes: headings from the prompt's last {reach} characters "
-            f"(the text itself: {ref['share']:.0%} of {ref['headings']})",
+            f"real scenes: headings from the prompt's last {reach} characters; those that "
+            "begin with a cast member's first letter, and of those the share that are one",
         ]
         for key, r in result["real"].items():
-            if key != "reference":
-                lines.append(f"  {key}: {r['share']:.0%} of {r['headings']}")
+            who = "the text itself" if key == "reference" else key
+            lines.append(
+                f"  {who}: {r['share']:.0%} of {r['headings']}; {r['cast_letter']:.0%}, "
+                f"of those {r['exact_of_begun']:.0%}"
+            )
+        lines += [
+            "the probability of the cast's first letters at each heading: the first one "
+            "(straight after the prompt) / the later ones (after the speeches before them)",
+        ]
+        for key, r in result["real"].items():
+            for name, c in r.items():
+                if name.startswith("cast_probability"):
+                    who = f"the text itself, {name.split()[-1]}" if key == "reference" else key
+                    lines.append(
+                        f"  {who}: {c['first']:.0%} of {c['first_n']} / "
+                        f"{c['later']:.0%} of {c['later_n']}"
+                    )
     if "made_up" in result:
         lines += ["", "made-up scenes: headings that are the scene's speakers (first 2 letters)"]
         for key, r in result["made_up"].items():

@@ -33,7 +33,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recall_data import recall_passes, span, with_openings  # scripts/, beside this file
+from copy_drill import load  # scripts/, beside this file
+from recall_data import recall_passes, span, with_openings
+from self_written import with_self_written
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -136,12 +138,19 @@ def make_text(plan: Plan, phase: dict, data: Path) -> Path:
     "before") write a name drill over the text at that share of the places where txl.train
     will start a segment from an empty memory (``fresh_starts``): the name then opens what
     the model reads, or, at the "entrant" share, enters after "before" ("LO,HI")
-    characters of a scene under way (``recall_data.with_openings``)."""
+    characters of a scene under way (``recall_data.with_openings``).
+
+    ``self_written`` ({"share", "temperature", "mem_len", "max_chars", "seed"}) replaces
+    that share of the text's speeches by what the phase's start model writes after the
+    same heading (``self_written.with_self_written``): the next heading, the text's own, is
+    then learned after a speech of the model's (issue 43). The model's samples depend on
+    the CPU's kernels, so such a text is the same only on the same machine."""
     out = plan.runs / "data" / f"{phase['name']}.txt"
     if not out.exists():
         train, _ = train_val_split(load_text(str(data)))
         recipe = dict(phase["data"])
         openings = recipe.pop("openings", None)
+        self_written = recipe.pop("self_written", None)
         text = recall_passes(train, **recipe)
         if openings:
             places = fresh_starts(plan, phase, len(text))
@@ -153,6 +162,9 @@ def make_text(plan: Plan, phase: dict, data: Path) -> Path:
             text = with_openings(
                 text, places, train, openings["seed"], span(openings["gap"]), **entrants
             )
+        if self_written:
+            model = load(plan.start_from(phase)).eval()
+            text = with_self_written(text, model, **self_written)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     return out

@@ -14,6 +14,7 @@ import torch
 from tests.test_app import tiny_model
 from txl import TransformerXL
 from txl.scoring import memory_nll, sliding_nll
+from txl.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -101,6 +102,36 @@ def test_batched_generation_is_the_models_own_sampling_with_memory_and_through_t
         assert texts == reference_generate(model, prompts, 30, 0.8, 7, mem_len)
 
 
+def test_forced_writing_reads_the_given_text_and_the_first_step_is_the_sampled_ones(tmp_path):
+    model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m", seed=5)).eval()
+    scenes = check.real_scenes(PLAY, 3, 100, seed=1)
+    prompts, own = [p for p, _ in scenes], [t for _, t in scenes]
+    for mem_len in (None, 40):
+        sampled, p_sampled = check.write(model, prompts, 30, 0.8, 7, mem_len)
+        forced, p_forced = check.write(model, prompts, 30, 0.8, 7, mem_len, forced=own)
+        assert forced == [t[:30] for t in own] != sampled
+        assert p_forced.shape == p_sampled.shape == (3, 30, len(model.tokenizer))
+        assert torch.allclose(p_forced.sum(-1), torch.ones(3, 30))
+        assert torch.equal(p_forced[:, 0], p_sampled[:, 0])  # the same prompt, the same step
+        assert not torch.equal(p_forced[:, 1:], p_sampled[:, 1:])
+
+
+def test_the_casts_probability_is_read_where_each_heading_starts():
+    tokenizer = CharTokenizer.from_text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz :\n")
+    texts = ["ROMEO:\nHo.\n\nJULIET:\nHa.\n\nBENVOLIO:\n", "Still speaking.\n\nNURSE:\n"]
+    casts = [{"ROMEO", "Juliet"}, {"ROMEO"}]
+    probs = torch.zeros(2, 40, len(tokenizer))
+    R, J, B = (tokenizer.encode(c)[0] for c in "RJB")
+    probs[0, 0, R], probs[0, 0, J], probs[0, 0, B] = 0.5, 0.25, 0.25  # the first heading
+    probs[0, 12, J], probs[0, 12, R] = 0.2, 0.1  # JULIET's J at 12
+    probs[0, 25, B], probs[0, 25, R] = 0.9, 0.05  # BENVOLIO's B at 25
+    probs[1, 17, R] = 0.3  # NURSE's N at 17: not after the prompt
+    reading = check.cast_probability(texts, probs, casts, tokenizer)
+    assert reading["first_n"] == 1 and math.isclose(reading["first"], 0.75, rel_tol=1e-6)
+    later = (0.3 + 0.05 + 0.3) / 3  # J's 0.2 + R's 0.1; R's 0.05 (B is not cast); R's 0.3
+    assert reading["later_n"] == 3 and math.isclose(reading["later"], later, rel_tol=1e-6)
+
+
 def test_the_heading_probe_reads_returning_speakers_from_the_models_direct_bits(tmp_path):
     model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m", seed=6)).eval()
     text, mem_len = PLAY[:3000], 400
@@ -123,3 +154,22 @@ def test_made_up_names_are_drawn_afresh_by_seed():
     a = [n for _, n in check.made_up_scenes(PLAY, 4, seed=1)]
     assert a == [n for _, n in check.made_up_scenes(PLAY, 4, seed=1)]
     assert a != [n for _, n in check.made_up_scenes(PLAY, 4, seed=2)]
+
+
+def test_the_real_scenes_reading_reports_choice_and_copy_apart(tmp_path):
+    import argparse
+
+    model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m", seed=5)).eval()
+    args = argparse.Namespace(mem_len=40, scenes=3, chars=60, seed=1, temperatures=[0.8],
+                              window_temperatures=[0.8], samples=1)  # fmt: skip
+    result = check.read_real(model, PLAY, args)
+    ref = result["reference"]  # the text's own continuations: its headings are the play's
+    own = [t for _, t in check.real_scenes(PLAY, 3, 60, 1)]
+    casts = [check.cast(p, 40 + model.config.tgt_len) for p, _ in check.real_scenes(PLAY, 3, 60, 1)]
+    names = [(n, c) for t, c in zip(own, casts) for _, n in check.headings("\n\n" + t)]
+    assert ref["headings"] == len(names) > 0
+    assert ref["cast_letter"] == sum(n[0] in {m[0] for m in c} for n, c in names) / len(names)
+    assert set(result) == {"reference", "memory T=0.8", "window T=0.8"}
+    assert ref["cast_probability T=0.8"]["first_n"] == 3  # every continuation opens a heading
+    text = check.report("tiny", {"real": result}, args, model.config.tgt_len)
+    assert "the text itself: " in text and "memory T=0.8: " in text and "window T=0.8: " in text

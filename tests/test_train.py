@@ -257,6 +257,9 @@ def test_heading_weights_mark_the_character_after_a_blank_line():
     weighted = [t + 1 for t in range(ids.size(1)) if w[0, t] == 4.0]
     assert weighted == [text.index("B"), len(text) - 1]  # who speaks next, both times
     assert w.sum().item() == ids.numel() + 2 * 3.0  # every other target counts once
+    w = heading_weights(ids, ord("\n"), 4.0, line=True)  # the name, ":" and its newline
+    weighted = "".join(text[t + 1] for t in range(ids.size(1)) if w[0, t] == 4.0)
+    assert weighted == "B:\nA" and w.sum().item() == ids.numel() + 4 * 3.0
 
 
 def test_a_heading_weight_changes_training_not_what_the_log_reports(tmp_path):

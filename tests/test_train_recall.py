@@ -294,3 +294,24 @@ def test_an_entrant_drill_brings_back_a_speaker_who_did_not_open_the_text(driver
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_a_self_written_recipe_is_the_recipe_with_speeches_of_the_start_model(
+    driver, tmp_path, monkeypatch
+):
+    from tests.test_app import tiny_model
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import generation_check as check
+
+    plan = driver.Plan(plan_file(tmp_path / "plan.json"), tmp_path / "runs")
+    phase = plan.phases[1]
+    plain = driver.make_text(plan, phase, plays(tmp_path / "plays.txt")).read_text()
+    model = tiny_model(tmp_path / "start", seed=2)
+    monkeypatch.setattr(plan, "start_from", lambda p: Path(model))
+    phase = dict(phase, name="b-self")
+    phase["data"] = dict(phase["data"], self_written={
+        "share": 0.3, "temperature": 1.0, "mem_len": 32, "max_chars": 80, "seed": 4})  # fmt: skip
+    written = driver.make_text(plan, phase, tmp_path / "plays.txt").read_text()
+    assert written != plain  # its speeches are the model's, its headings the recipe's
+    assert [n for _, n in check.headings(written)] == [n for _, n in check.headings(plain)]
