@@ -164,9 +164,9 @@ def test_the_real_scenes_reading_reports_choice_and_copy_apart(tmp_path):
                               window_temperatures=[0.8], samples=1)  # fmt: skip
     result = check.read_real(model, PLAY, args)
     ref = result["reference"]  # the text's own continuations: its headings are the play's
-    own = [t for _, t in check.real_scenes(PLAY, 3, 60, 1)]
-    casts = [check.cast(p, 40 + model.config.tgt_len) for p, _ in check.real_scenes(PLAY, 3, 60, 1)]
-    names = [(n, c) for t, c in zip(own, casts) for _, n in check.headings("\n\n" + t)]
+    scenes = check.real_scenes(PLAY, 3, 60, 1)
+    casts = [check.cast(p, 40 + model.config.tgt_len) for p, _ in scenes]
+    names = [(n, c) for (_, t), c in zip(scenes, casts) for _, n in check.headings("\n\n" + t)]
     assert ref["headings"] == len(names) > 0
     assert ref["cast_letter"] == sum(n[0] in {m[0] for m in c} for n, c in names) / len(names)
     assert set(result) == {"reference", "memory T=0.8", "window T=0.8"}

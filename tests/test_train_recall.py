@@ -292,17 +292,12 @@ def test_an_entrant_drill_brings_back_a_speaker_who_did_not_open_the_text(driver
         assert drill.count(f"\n\n{name}:\n") == 2  # the newcomer enters after it, and returns
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__]))
-
-
 def test_a_self_written_recipe_is_the_recipe_with_speeches_of_the_start_model(
     driver, tmp_path, monkeypatch
 ):
-    from tests.test_app import tiny_model
+    import generation_check as check  # scripts/, on the path by the driver fixture
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import generation_check as check
+    from tests.test_app import tiny_model
 
     plan = driver.Plan(plan_file(tmp_path / "plan.json"), tmp_path / "runs")
     phase = plan.phases[1]
@@ -315,3 +310,7 @@ def test_a_self_written_recipe_is_the_recipe_with_speeches_of_the_start_model(
     written = driver.make_text(plan, phase, tmp_path / "plays.txt").read_text()
     assert written != plain  # its speeches are the model's, its headings the recipe's
     assert [n for _, n in check.headings(written)] == [n for _, n in check.headings(plain)]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
