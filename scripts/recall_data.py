@@ -111,6 +111,26 @@ def name_maker(text: str, title_share: float, spoken_names: float, word_names: f
     return made_up
 
 
+VOWELS = set("AEIOUY")
+
+
+def near_name(rng: random.Random, name: str) -> str:
+    """``name`` with one or two of its letters changed, a vowel for another vowel and a
+    consonant for another consonant, the case kept (PETRUCHIO -> PETRACHIO, BAPTISTA ->
+    BAPTISKA): a name the model's prior almost knows. Writing from a scene, the model
+    begins a cast member's name and then finishes it as its prior would (PAULINA for
+    PROSPERO, "BETRUCHIO"); a near name is predictable only from the scene's own headings,
+    letter by letter, where the prior's completion is wrong (issue 43)."""
+    letters = [i for i, c in enumerate(name) if c.isalpha()]
+    out = list(name)
+    for i in rng.sample(letters, min(len(letters), rng.randint(1, 2))):
+        upper = out[i].upper()
+        pool = sorted(VOWELS if upper in VOWELS else set(string.ascii_uppercase) - VOWELS)
+        new = rng.choice([c for c in pool if c != upper])
+        out[i] = new if out[i].isupper() else new.lower()
+    return "".join(out)
+
+
 def speeches_of(text: str) -> list[tuple[str, list[str]]]:
     """(speaker, lines) of every speech of ``text``."""
     return [(m.group(1), m.group(2).rstrip("\n").split("\n")) for m in SPEECH.finditer(text)]
@@ -222,6 +242,7 @@ def recall_text(
     spoken_names: float = 0.0,
     word_names: float = 0.0,
     cast_names: bool = False,
+    near_names: float = 0.0,
 ) -> str:
     """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
     after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
@@ -250,7 +271,9 @@ def recall_text(
     kinds (spoken, word-like or random capitals, ``title_share`` in title case) instead of
     random capitals alone: in natural scenes a returning speaker's heading is then
     predictable only from the scene's earlier headings, whatever its name looks like, which
-    is what a visitor's prompt asks of the model when it writes (issue 43)."""
+    is what a visitor's prompt asks of the model when it writes (issue 43). ``near_names``
+    of the renamed speakers get their own name with a letter or two changed instead
+    (``near_name``): the prior's completion of the name is then wrong, the scene's right."""
     rng = random.Random(seed)
     speeches = speeches_of(text)
     made_up = name_maker(text, title_share, spoken_names, word_names)
@@ -264,6 +287,8 @@ def recall_text(
         if speaker not in names:
             if rng.random() >= rename:
                 names[speaker] = speaker
+            elif near_names and rng.random() < near_names:  # no draw when off: texts as before
+                names[speaker] = near_name(rng, speaker)
             else:
                 names[speaker] = made_up(rng) if cast_names else made_up_name(rng)
         if max_lines:
@@ -311,6 +336,7 @@ def recall_passes(
     spoken_names: float = 0.0,
     word_names: float = 0.0,
     cast_names: bool = False,
+    near_names: float = 0.0,
 ) -> str:
     """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
     (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
@@ -324,6 +350,7 @@ def recall_passes(
         spoken_names=spoken_names,
         word_names=word_names,
         cast_names=cast_names,
+        near_names=near_names,
     )
     return "".join(
         recall_text(train, chunk, rename, max_lines, copy_every, seed + r, **drills)
@@ -379,6 +406,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="renamed speakers get the drills' kinds of names and case, not random capitals",
     )
+    p.add_argument(
+        "--near-names",
+        type=float,
+        default=0.0,
+        help="renamed speakers who get their own name with a letter or two changed",
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
@@ -391,7 +424,7 @@ def main(argv=None) -> int:
         text = recall_passes(
             train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed, a.copy_gap,
             a.near_share, a.repeat, a.inline_gap, a.name_share, a.title_share, a.spoken_names,
-            a.word_names, a.cast_names,
+            a.word_names, a.cast_names, a.near_names,
         )  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

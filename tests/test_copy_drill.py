@@ -224,3 +224,34 @@ def test_cast_names_rename_the_texts_own_speakers_with_the_drills_kinds_one_way_
     assert all(h.isupper() for h in (m.group(1) for m in SPEECH.finditer(plain)))
     body = [s.split("\n", 1)[1] for s in text.split("\n\n") if s]
     assert body == [s.split("\n", 1)[1] for s in plain.split("\n\n") if s]  # lines kept
+
+
+def test_near_names_change_a_letter_or_two_of_the_speakers_own_name_one_way_per_cast(
+    monkeypatch,
+):
+    """recall_text(near_names=1.0): every renamed speaker is their own name with one or two
+    letters changed (a vowel for a vowel, a consonant for a consonant, the case kept), the
+    same for the whole cast; at 0 the text is what it was before the option existed."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_data import SPEECH, VOWELS, recall_text
+
+    speeches = "".join(
+        f"PETRUCHIO:\n{i} {i + 1}.\n\nFirst Citizen:\n{i * 7}, {i}!\n\n" for i in range(90)
+    )
+    text = recall_text(speeches, 30, 1.0, 0, 0, 3, cast_names=True, near_names=1.0)
+    heads = [m.group(1) for m in SPEECH.finditer(text)]
+    assert len(heads) == 180
+    for head, own in zip(heads, ["PETRUCHIO", "First Citizen"] * 90):
+        changed = [(a, b) for a, b in zip(head, own) if a != b]
+        assert len(head) == len(own) and 1 <= len(changed) <= 2, (head, own)
+        for new, old in changed:
+            assert new.isupper() == old.isupper() and (new.upper() in VOWELS) == (
+                old.upper() in VOWELS
+            )
+    for cast in range(0, 180, 30):
+        assert len(set(heads[cast : cast + 30])) == 2 and heads[cast] == heads[cast + 2]
+    assert len(set(heads)) > 6  # a new cast, new near names
+    kinds = dict(spoken_names=0.5, title_share=0.3, cast_names=True)
+    assert recall_text(speeches, 30, 0.6, 0, 0, 3, **kinds, near_names=0.0) == recall_text(
+        speeches, 30, 0.6, 0, 0, 3, **kinds
+    )

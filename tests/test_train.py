@@ -262,6 +262,12 @@ def test_heading_weights_mark_the_character_after_a_blank_line():
     assert weighted == "B:\nA" and w.sum().item() == ids.numel() + 4 * 3.0
 
 
+def test_a_heading_line_without_a_weight_says_so_before_it_trains(toy_text, tmp_path):
+    with pytest.raises(SystemExit, match="give one"):
+        train(run_args(toy_text, tmp_path / "run", heading_line=True), dict(TINY_MODEL))
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
 def test_a_heading_weight_changes_training_not_what_the_log_reports(tmp_path):
     rng = random.Random(0)
     play = "".join(f"{rng.choice(['ROMEO', 'NURSE'])}:\n{rng.choice(['ay.', 'no, sir.'])}\n\n"

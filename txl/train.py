@@ -476,6 +476,8 @@ def train(
     args: TrainArgs, model_kw: dict, resume: bool = False, command: str = ""
 ) -> TransformerXL:
     """Run (or resume) training as configured; returns this process's trained model."""
+    if args.heading_line and args.heading_weight == 1.0:  # else it would quietly do nothing
+        raise SystemExit("--heading-line weights the heading's line by --heading-weight: give one")
     out = Path(args.out)
 
     # Processes: one, or DDP under torchrun (each rank its own share of the streams).
