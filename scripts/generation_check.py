@@ -214,16 +214,17 @@ def sides(args) -> list[tuple[str, float, int | None]]:
     ]
 
 
-def read_real(model, val, args) -> dict:
+def read_real(model, val, args, known: set[str] = frozenset()) -> dict:
+    """``known``: the training text's speakers (what a miss that is the prior's name is)."""
     reach = args.mem_len + model.config.tgt_len
     scenes = real_scenes(val, args.scenes, args.chars, args.seed)
     prompts, own = [p for p, _ in scenes], [t for _, t in scenes]
     casts = [cast(p, reach) for p in prompts]
-    result = {"reference": _heading_share(own, casts)}
+    result = {"reference": _heading_share(own, casts, known)}
     for side, temperature, mem in sides(args):
         texts, probs = write(model, prompts, args.chars, temperature, args.seed, mem)
         result[f"{side} T={temperature}"] = {
-            **_heading_share(texts, casts),
+            **_heading_share(texts, casts, known),
             "cast_probability": cast_probability(texts, probs, casts, model.tokenizer),
             "samples": texts[: args.samples],
         }
@@ -235,17 +236,40 @@ def read_real(model, val, args) -> dict:
     return result
 
 
-def _heading_share(texts: list[str], casts: list[set[str]]) -> dict:
+def letters_apart(a: str, b: str) -> int:
+    """The edit distance of ``a`` and ``b``: letters put in, left out or changed."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        row, before = [i], row
+        for j, y in enumerate(b, 1):
+            row.append(min(before[j] + 1, row[j - 1] + 1, before[j - 1] + (x != y)))
+    return row[-1]
+
+
+def _heading_share(texts: list[str], casts: list[set[str]], known: set[str] = frozenset()) -> dict:
     """The share of written headings that name the cast; and, to tell the choice of the
     speaker from the copy of the name, the share that begin with a cast member's first
-    letter, and of those the share that are then a cast member exactly."""
+    letter, and of those the share that are then a cast member exactly.
+
+    The misses (begun with a cast letter, not a cast member) read apart: ``blend``, within
+    two letters of a cast member of that letter ("BETRUCHIO" for PETRUCHIO: the copy slipped),
+    and ``prior``, a speaker of ``known`` (the training text's) outside the cast (PAULINA for
+    PROSPERO: the model's prior won)."""
     written = [[name for _, name in headings("\n\n" + t)] for t in texts]
     pairs = [(name, c) for names, c in zip(written, casts) for name in names]
     hits = sum(name in c for name, c in pairs)
-    begun = sum(name[0] in {n[0] for n in c} for name, c in pairs)
+    begun = [(name, c) for name, c in pairs if name[0] in {n[0] for n in c}]
+    missed = [(name, c) for name, c in begun if name not in c]
+    blends = sum(
+        any(n[0] == name[0] and letters_apart(name.upper(), n.upper()) <= 2 for n in c)
+        for name, c in missed
+    )
+    prior = sum(name in known for name, _ in missed)
     return {
         "headings": len(pairs), "from_cast": hits, "share": share(hits, len(pairs)),
-        "cast_letter": share(begun, len(pairs)), "exact_of_begun": share(hits, begun),
+        "cast_letter": share(len(begun), len(pairs)), "exact_of_begun": share(hits, len(begun)),
+        "missed": len(missed), "blend_of_missed": share(blends, len(missed)),
+        "prior_of_missed": share(prior, len(missed)),
     }  # fmt: skip
 
 
@@ -336,7 +360,9 @@ def report(source, result: dict, args, window: int) -> str:
             who = "the text itself" if key == "reference" else key
             lines.append(
                 f"  {who}: {r['share']:.0%} of {r['headings']}; {r['cast_letter']:.0%}, "
-                f"of those {r['exact_of_begun']:.0%}"
+                f"of those {r['exact_of_begun']:.0%}; of the {r['missed']} missed, "
+                f"{r['blend_of_missed']:.0%} a blend (within two letters of the cast member), "
+                f"{r['prior_of_missed']:.0%} another speaker of the training text"
             )
         lines += [
             "the probability of the cast's first letters at each heading: the first one "
@@ -383,9 +409,14 @@ def main(argv=None) -> int:
     args.window_temperatures = [float(t) for t in args.window_temperatures.split(",") if t]
     torch.set_num_threads(args.threads)
     model = load(args.source).eval()
-    _, val = train_val_split(load_text(args.data, download=True))
+    train, val = train_val_split(load_text(args.data, download=True))
+    known = {name for _, name in headings(train)}
     parts = args.only or ["probe", "real", "made_up"]
-    readers = {"probe": read_probe, "real": read_real, "made_up": read_made_up}
+    readers = {
+        "probe": read_probe,
+        "real": lambda model, val, args: read_real(model, val, args, known),
+        "made_up": read_made_up,
+    }
     result = {}
     for part in parts:  # each printed when it is read: the window's generations are slow
         result[part] = readers[part](model, val, args)

@@ -173,3 +173,17 @@ def test_the_real_scenes_reading_reports_choice_and_copy_apart(tmp_path):
     assert ref["cast_probability T=0.8"]["first_n"] == 3  # every continuation opens a heading
     text = check.report("tiny", {"real": result}, args, model.config.tgt_len)
     assert "the text itself: " in text and "memory T=0.8: " in text and "window T=0.8: " in text
+
+
+def test_misses_are_read_as_blends_of_a_cast_name_or_the_priors_names():
+    """Of the headings begun with a cast member's letter and not one: a blend is within two
+    letters of that member, the prior's name a speaker of the training text."""
+    assert check.letters_apart("BETRUCHIO", "PETRUCHIO") == 1
+    assert check.letters_apart("MIRANDAND", "MIRANDA") == 2 and check.letters_apart("", "AB") == 2
+    cast = {"PETRUCHIO", "PROSPERO", "KATHARINA"}
+    written = (
+        "PETRUCHIO:\nay.\n\nPETRUCHO:\nno.\n\nPAULINA:\nso.\n\nPANDARUS:\nhm.\n\nROMEO:\nah.\n\n"
+    )
+    r = check._heading_share([written], [cast], known={"PAULINA", "ROMEO", "PETRUCHIO"})
+    assert (r["headings"], r["from_cast"], r["missed"]) == (5, 1, 3)  # ROMEO: no cast letter
+    assert r["blend_of_missed"] == 1 / 3 and r["prior_of_missed"] == 1 / 3
