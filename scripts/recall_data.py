@@ -410,7 +410,7 @@ def main(argv=None) -> int:
         "--near-names",
         type=float,
         default=0.0,
-        help="renamed speakers who get their own name with a letter or two changed",
+        help="the share of renamed speakers who get their own name with a letter or two changed",
     )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
