@@ -543,6 +543,9 @@ def test_loading_a_model_while_generating_takes_effect(server, client, models, m
         return cache_get(*args, **kwargs)
 
     monkeypatch.setattr(Session, "step", held_step)
+    # No frame streamed before the Load (a fast machine writes 100 steps of the tiny model
+    # within one STREAM_EVERY_S): the visitor's first state must reach Gradio all the same.
+    monkeypatch.setattr(watch_tab, "STREAM_EVERY_S", 1e9)
     monkeypatch.setattr(txl_app.service.cache, "get", signalled_get)
     job = client.submit(prompt=PROMPT, n_tokens=500, **settings_kw(), api_name="/generate")
     assert generating.wait(60), "the Generate never reached its 100th step"

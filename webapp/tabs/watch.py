@@ -116,6 +116,7 @@ class WatchTab:
         prompt with the seed: the same arguments give the same text."""
         settings = Settings.of(locals())
         service = self.service
+        new_visitor = state is None or state.expired
         state = service.ensure(state)
         s = state.session
         with service.using(state, mem_len, steps=n_tokens):
@@ -129,7 +130,11 @@ class WatchTab:
             # Every step captures its attention: the views stream with the text, and
             # the history can show any of the steps afterwards.
             for i, _ in enumerate(s.generate(n, capture_last_only=False)):
-                if i < n - 1 and time.perf_counter() - last > STREAM_EVERY_S:
+                # A new visitor's state reaches Gradio's store with the first frame, so that
+                # a Load sent while this runs changes this state (in place) and not a second
+                # one, which this Generate's last frame would then overwrite.
+                due = time.perf_counter() - last > STREAM_EVERY_S or (new_visitor and i == 0)
+                if i < n - 1 and due:
                     last = time.perf_counter()
                     text, text_view, status = text_views(s, layer, head)
                     attention, summary = attention_views(state, layer, head)
