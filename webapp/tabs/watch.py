@@ -116,7 +116,6 @@ class WatchTab:
         prompt with the seed: the same arguments give the same text."""
         settings = Settings.of(locals())
         service = self.service
-        new_visitor = state is None or state.expired
         state = service.ensure(state)
         s = state.session
         with service.using(state, mem_len, steps=n_tokens):
@@ -130,10 +129,11 @@ class WatchTab:
             # Every step captures its attention: the views stream with the text, and
             # the history can show any of the steps afterwards.
             for i, _ in enumerate(s.generate(n, capture_last_only=False)):
-                # A new visitor's state reaches Gradio's store with the first frame, so that
-                # a Load sent while this runs changes this state (in place) and not a second
-                # one, which this Generate's last frame would then overwrite.
-                due = time.perf_counter() - last > STREAM_EVERY_S or (new_visitor and i == 0)
+                # The first step is sent at once, as Play and the pair's Generate send
+                # theirs: a new visitor's state then reaches Gradio's store before a Load
+                # sent meanwhile reads it (else that Load makes a second state, which this
+                # Generate's last frame would overwrite).
+                due = i == 0 or time.perf_counter() - last > STREAM_EVERY_S
                 if i < n - 1 and due:
                     last = time.perf_counter()
                     text, text_view, status = text_views(s, layer, head)
