@@ -243,6 +243,7 @@ def recall_text(
     word_names: float = 0.0,
     cast_names: bool = False,
     near_names: float = 0.0,
+    other_speakers: float = 0.0,
 ) -> str:
     """The speeches of ``text`` renamed per cast, cut to ``max_lines``, with a copy drill
     after every ``copy_every``-th. With ``copy_gap`` (lo, hi), hi > 0, a drill's second line
@@ -273,9 +274,13 @@ def recall_text(
     predictable only from the scene's earlier headings, whatever its name looks like, which
     is what a visitor's prompt asks of the model when it writes (issue 43). ``near_names``
     of the renamed speakers get their own name with a letter or two changed instead
-    (``near_name``): the prior's completion of the name is then wrong, the scene's right."""
+    (``near_name``): the prior's completion of the name is then wrong, the scene's right.
+    ``other_speakers`` of the rest get the name of another of the text's speakers, one not
+    in the cast (PAULINA for PROSPERO): a name the prior knows but does not expect in this
+    scene, where writing from a scene slips to the prior's names (issue 43)."""
     rng = random.Random(seed)
     speeches = speeches_of(text)
+    speakers = sorted({speaker for speaker, _ in speeches})
     made_up = name_maker(text, title_share, spoken_names, word_names)
     out, names = [], {}
 
@@ -289,6 +294,9 @@ def recall_text(
                 names[speaker] = speaker
             elif near_names and rng.random() < near_names:  # no draw when off: texts as before
                 names[speaker] = near_name(rng, speaker)
+            elif other_speakers and rng.random() < other_speakers:  # no draw when off
+                in_cast = {speaker, *names, *names.values()}
+                names[speaker] = rng.choice([s for s in speakers if s not in in_cast])
             else:
                 names[speaker] = made_up(rng) if cast_names else made_up_name(rng)
         if max_lines:
@@ -337,6 +345,7 @@ def recall_passes(
     word_names: float = 0.0,
     cast_names: bool = False,
     near_names: float = 0.0,
+    other_speakers: float = 0.0,
 ) -> str:
     """``repeat`` passes of ``recall_text`` over the training text, each with its own seed
     (new names, new drills); ``copy_gap`` as written on the command line: "LO,HI". The
@@ -351,6 +360,7 @@ def recall_passes(
         word_names=word_names,
         cast_names=cast_names,
         near_names=near_names,
+        other_speakers=other_speakers,
     )
     return "".join(
         recall_text(train, chunk, rename, max_lines, copy_every, seed + r, **drills)
@@ -412,6 +422,12 @@ def main(argv=None) -> int:
         default=0.0,
         help="the share of renamed speakers who get their own name with a letter or two changed",
     )
+    p.add_argument(
+        "--other-speakers",
+        type=float,
+        default=0.0,
+        help="of the other renamed speakers, the share named as another speaker of the text",
+    )
     p.add_argument("--drills", type=int, default=0, help="only this many copy drills")
     p.add_argument("--repeat", type=int, default=1, help="passes, each with new names")
     p.add_argument("--seed", type=int, default=0)
@@ -424,7 +440,7 @@ def main(argv=None) -> int:
         text = recall_passes(
             train, a.chunk, a.rename, a.max_lines, a.copy_every, a.seed, a.copy_gap,
             a.near_share, a.repeat, a.inline_gap, a.name_share, a.title_share, a.spoken_names,
-            a.word_names, a.cast_names, a.near_names,
+            a.word_names, a.cast_names, a.near_names, a.other_speakers,
         )  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

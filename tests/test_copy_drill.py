@@ -255,3 +255,32 @@ def test_near_names_change_a_letter_or_two_of_the_speakers_own_name_one_way_per_
     assert recall_text(speeches, 30, 0.6, 0, 0, 3, **kinds, near_names=0.0) == recall_text(
         speeches, 30, 0.6, 0, 0, 3, **kinds
     )
+
+
+def test_other_speakers_rename_a_cast_to_speakers_of_other_scenes_one_way_per_cast(
+    monkeypatch,
+):
+    """recall_text(other_speakers=1.0): every renamed speaker is another speaker of the
+    text, never one of the cast (their own name or a cast member's), the same for the whole
+    cast; at 0 the text is what it was before the option existed."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_data import SPEECH, recall_text
+
+    casts = [("PROSPERO", "MIRANDA"), ("PAULINA", "LEONTES"), ("CURTIS", "GRUMIO")]
+    speeches = "".join(
+        f"{a}:\n{i} {i + 1}.\n\n{b}:\n{i * 7}, {i}!\n\n"
+        for a, b in casts
+        for i in range(15)  # each pair speaks 30 speeches: one cast
+    )
+    text = recall_text(speeches, 30, 1.0, 0, 0, 3, cast_names=True, other_speakers=1.0)
+    heads = [m.group(1) for m in SPEECH.finditer(text)]
+    everyone = {name for cast in casts for name in cast}
+    assert len(heads) == 90 and set(heads) <= everyone
+    for n, cast in enumerate(casts):
+        written = heads[30 * n : 30 * n + 30]
+        assert len(set(written)) == 2 and written[0] == written[2]  # one name each
+        assert not set(written) & set(cast)  # never their own, never a cast member's
+    kinds = dict(spoken_names=0.5, title_share=0.3, cast_names=True, near_names=0.3)
+    assert recall_text(speeches, 30, 0.6, 0, 0, 3, **kinds, other_speakers=0.0) == recall_text(
+        speeches, 30, 0.6, 0, 0, 3, **kinds
+    )

@@ -21,7 +21,7 @@ from txl import TransformerXL, TXLConfig
 from txl.data import StreamBatcher, train_val_split
 from txl.evaluate import evaluate_loss
 from txl.recall import recall_progress
-from txl.train import TrainArgs, train
+from txl.train import TrainArgs, cpu_has_bf16, train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = dict(d_model=32, n_layer=2, n_head=2, d_head=16, d_inner=64, tgt_len=16, mem_len=16)
@@ -266,6 +266,16 @@ def test_a_heading_line_without_a_weight_says_so_before_it_trains(toy_text, tmp_
     with pytest.raises(SystemExit, match="give one"):
         train(run_args(toy_text, tmp_path / "run", heading_line=True), dict(TINY_MODEL))
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_the_cpus_bfloat16_support_is_read_from_its_flags():
+    amd = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n"
+    xeon = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n"
+    sapphire = "flags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
+    assert cpu_has_bf16(amd) is False
+    assert cpu_has_bf16(xeon) is True
+    assert cpu_has_bf16(sapphire) is True
+    assert cpu_has_bf16("processor\t: 0\n") is None  # no flags line: not known
 
 
 def test_a_heading_weight_changes_training_not_what_the_log_reports(tmp_path):

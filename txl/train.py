@@ -401,6 +401,25 @@ class RunLog:
         self.file.close()
 
 
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), read from
+    /proc/cpuinfo's flags; None where they cannot be read (not Linux). Without them,
+    bfloat16 autocast is emulated: a training step ran ~10x slower than in float32 on a
+    2-core AMD EPYC with AVX2 (12-05), where an AVX-512 BF16 Xeon ran it faster."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    if not flags:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def hardware_name() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
@@ -495,6 +514,11 @@ def train(
     if args.threads:
         torch.set_num_threads(args.threads)
     main_proc = rank == 0
+    if main_proc and args.bf16 and device == "cpu" and cpu_has_bf16() is False:
+        print(
+            "--bf16: this CPU has neither AVX-512 BF16 nor AMX, so bfloat16 autocast is "
+            "emulated and runs several times slower than float32 here (bf16: false)"
+        )
 
     text = load_text(args.data, download=args.download)
     train_text, val_text = train_val_split(text)
