@@ -14,8 +14,10 @@ tokens as that phase took"; a number is that many. A run takes many hours on a C
 spans sessions: a phase that was started is resumed (``--resume``), a finished one is
 skipped, and ``--save`` copies what the next session needs into
 ``weights/recall-run-in-progress/`` (committed; removed when the final weights land), from
-where a new checkout restores it. Each phase's training text is made afresh from its recipe
-(``recall_data.recall_passes``, seeded), so no altered text is ever committed.
+where a new checkout restores it; the plan's ``"keep"`` names phases (run, or moved to
+``tried``) whose models it keeps as well: a candidate to ship. Each phase's training text
+is made afresh from its recipe (``recall_data.recall_passes``, seeded), so no altered text
+is ever committed.
 
 ``--plot`` draws the phase change: the copy drill and the recall probe that
 ``--probe-every`` logs, against the tokens of all phases.
@@ -88,6 +90,13 @@ class Plan:
         last = self.plan.get("shipped", {}).get("phase")
         names = [p["name"] for p in self.phases]
         return last in names and names.index(phase["name"]) <= names.index(last)
+
+    def kept(self) -> list[str]:
+        """The phases whose models ``--save`` keeps whatever the plan goes on to (the plan's
+        ``keep``, phases or tried): a candidate to ship, read and not yet shipped, outlives
+        its session (phase 28's did not: docs/recall-training.md, the seventh session of
+        12-05)."""
+        return self.plan.get("keep", [])
 
     def run_dir(self, phase: dict) -> Path:
         return self.runs / phase["name"]
@@ -261,6 +270,14 @@ def save(plan: Plan, saved: Path) -> None:
                 shutil.copy(run / "checkpoint" / name, keep / "checkpoint" / name)
         if state == "done" and run / "model" in needed:
             shutil.copytree(run / "model", keep / "model")
+    for name in plan.kept():
+        run, keep = plan.runs / name, saved / name
+        if (run / "model").exists() and not (keep / "model").exists():
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(run / "model", keep / "model")
+            for file in ("run.json", "log.jsonl", "eval.json"):
+                if (run / file).exists():
+                    shutil.copy(run / file, keep / file)
     (saved / "README.md").write_text(
         "# A recall run in progress\n\nWhat `scripts/train_recall.py --save` kept so that the "
         "next session goes on where this one stopped (docs/recall-training.md). Not a model "
@@ -284,6 +301,11 @@ def restore(plan: Plan, saved: Path, data: Path) -> None:
             )
             (run / "run.json").write_text(json.dumps(info, indent=2))
         print(f"{phase['name']}: restored from {kept}")
+    for name in plan.kept():  # done, read: only the model is needed, not the recipe's text
+        run, kept = plan.runs / name, saved / name
+        if kept.exists() and not run.exists():
+            shutil.copytree(kept, run)
+            print(f"{name}: kept model restored from {kept}")
 
 
 def table(plan: Plan) -> str:
