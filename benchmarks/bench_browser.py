@@ -4,6 +4,7 @@
     python benchmarks/bench_browser.py --baseline-dir ../wt-before    # and an older checkout's
     python benchmarks/bench_browser.py --baseline-ref main --rounds 2  # against the landed page
     python benchmarks/bench_browser.py --model tiny --steps 5         # a smoke run
+    python benchmarks/bench_browser.py --baseline-ref main --generate 5 # Generate too
     python benchmarks/bench_browser.py --baseline-dir ../wt-before --json out.json --profile
 
 Each app is started as a subprocess (``python app.py`` of its checkout, this interpreter,
@@ -25,6 +26,10 @@ until the page's main thread is idle (its start-up is not timed). Measured, per 
   skips those between counts them all: the text has them). An app without Play: n/a.
 - page start: from the page's load until its main thread is idle, wall seconds and
   main-thread ms (the wall time includes ~0.5 s of idle detection).
+- --generate N: after the Steps, Generate clicked N times (it starts over from the prompt
+  and streams its steps; the slider's default length): ms from the click to its first
+  step's view painted and to its last's (medians), and how many step views the page
+  painted (it skips those that come faster than it paints).
 - localStorage (KB) at the end: what Gradio's run history kept.
 - --profile: after the timed Steps, --profile-steps more under the CDP sampling profiler
   (200 µs): self time per Step by script and by function. The profiler slows the page, so
@@ -120,11 +125,46 @@ STEP_JS = f"""async (timeoutMs) => {{
   return performance.now() - t0;
 }}"""
 
+# Click Generate (which starts over from the prompt and streams its steps), then wait for
+# the view of its last step: ms from the click to the first step's view and to the last's,
+# each counted to the frame after its view is set (as STEP_JS counts a Step).
+GENERATE_JS = """async ({last, timeoutMs}) => {
+  const seen = [];
+  const onPainted = (e) => seen.push([e.detail.position, performance.now()]);
+  const frame = () => new Promise((resolve) => requestAnimationFrame(resolve));
+  document.addEventListener('txl-painted', onPainted);
+  try {
+    const t0 = performance.now();
+    document.querySelector('#generate').click();
+    let first = null;
+    while (!seen.some(([position]) => position === last)) {
+      await frame();
+      if (first === null && seen.length) first = performance.now() - t0;
+      if (performance.now() - t0 > timeoutMs)
+        throw new Error(`Generate painted no position ${last} within ${timeoutMs} ms`);
+    }
+    await frame();
+    return {first: first ?? performance.now() - t0, last: performance.now() - t0,
+            views: seen.length};
+  } finally {
+    document.removeEventListener('txl-painted', onPainted);
+  }
+}"""
+
 STORAGE_CHARS_JS = "Object.entries(localStorage).reduce((n, [k, v]) => n + k.length + v.length, 0)"
 
 
 def step(page) -> float:
     return page.evaluate(STEP_JS, STEP_TIMEOUT_MS)
+
+
+def generate(page, prompt: str) -> dict:
+    """One Generate of the page's default length (the slider's value): ms to its first and
+    last step painted, and how many step views the page painted."""
+    chars = int(page.input_value("#n_tokens input[type=number]"))
+    return page.evaluate(
+        GENERATE_JS, {"last": len(prompt) + chars - 1, "timeoutMs": STEP_TIMEOUT_MS}
+    )
 
 
 def metrics(cdp) -> dict[str, float]:
@@ -233,6 +273,13 @@ def measure_app(browser, label: str, url: str, args) -> dict:
         }
         if args.profile:
             result["profile"] = profile_steps(page, cdp, args.profile_steps)
+        if args.generate:
+            runs = [generate(page, args.prompt) for _ in range(args.generate)]
+            result["generate_ms"] = {
+                "first": [round(r["first"], 1) for r in runs],
+                "last": [round(r["last"], 1) for r in runs],
+                "views": [r["views"] for r in runs],
+            }
         play = measure_play(page, args.play_seconds)
         result["play_steps_per_s"] = None if play is None else round(play[0], 2)
         result["pause_to_still_ms"] = None if play is None else round(play[1])
@@ -268,6 +315,14 @@ def print_table(results: list[dict]) -> None:
             f"  {r['local_storage_kb']:7.1f}"
         )
     for r in results:
+        if "generate_ms" in r:
+            g = r["generate_ms"]
+            print(
+                f"{r['label']:32s} Generate: click -> first step painted {g['first_median']:.0f}"
+                f" ms, -> last {g['last_median']:.0f} ms (medians of {len(g['first'])}); step"
+                f" views painted {statistics.median(g['views']):.0f}"
+            )
+    for r in results:
         start = r["page_start"]
         print(
             f"{r['label']:32s} page start (load until idle): {start['wall_s']:.1f} s wall, "
@@ -285,6 +340,10 @@ def ratios(after: dict, baseline: dict) -> dict:
         out[f"main_thread_{key}"] = round(b / a, 2) if a else None
     a, b = after["play_steps_per_s"], baseline["play_steps_per_s"]
     out["play_steps_per_s"] = round(a / b, 2) if a is not None and b else None
+    if "generate_ms" in after and "generate_ms" in baseline:
+        for key in ("first", "last"):
+            a, b = after["generate_ms"][f"{key}_median"], baseline["generate_ms"][f"{key}_median"]
+            out[f"generate_{key}"] = round(b / a, 2)
     return out
 
 
@@ -293,6 +352,12 @@ def median_of_rounds(rounds: list[dict]) -> dict:
     painted: of every timed Step of every round)."""
     first = rounds[0]
     steps = [ms for r in rounds for ms in r["click_to_painted_ms"]["all"]]
+    generated = {}
+    if "generate_ms" in first:
+        for key in ("first", "last", "views"):
+            generated[key] = [x for r in rounds for x in r["generate_ms"][key]]
+        generated["first_median"] = round(statistics.median(generated["first"]), 1)
+        generated["last_median"] = round(statistics.median(generated["last"]), 1)
     plays = [r["play_steps_per_s"] for r in rounds if r["play_steps_per_s"] is not None]
     return {
         **first,
@@ -315,6 +380,7 @@ def median_of_rounds(rounds: list[dict]) -> dict:
         "pause_to_still_ms_rounds": [r["pause_to_still_ms"] for r in rounds],
         "local_storage_kb": max(r["local_storage_kb"] for r in rounds),
         "page_errors": [e for r in rounds for e in r["page_errors"]],
+        **({"generate_ms": generated} if generated else {}),
     }
 
 
@@ -359,6 +425,13 @@ def main() -> None:
         "--no-run-history",
         action="store_true",
         help="measure the baseline only with Gradio's run history off",
+    )
+    parser.add_argument(
+        "--generate",
+        type=int,
+        default=0,
+        help="after the Steps, click Generate this many times (the page's default length): "
+        "click -> its first and its last step painted",
     )
     parser.add_argument("--profile", action="store_true", help="JS self time per function")
     parser.add_argument("--profile-steps", type=int, default=10)
@@ -427,6 +500,12 @@ def main() -> None:
             f" main thread task {r['main_thread_task']}x, script {r['main_thread_script']}x,"
             f" layout {r['main_thread_layout']}x, style {r['main_thread_recalc_style']}x;"
             f" Play steps/s (after / before) {r['play_steps_per_s']}x"
+            + (
+                f"; Generate: to the first step {r['generate_first']}x, to the last"
+                f" {r['generate_last']}x"
+                if "generate_first" in r
+                else ""
+            )
         )
     print(f"load average {load_before[0]:.2f} at the start, {load_after[0]:.2f} at the end")
     for r in results:
