@@ -52,6 +52,8 @@ SAVED = ROOT / "weights" / "recall-run-in-progress"
 # a lent GPU machine only under 64 MiB, and the shipped weights already take 21 MB of it.
 # A restored run starts the moments afresh and the memory empty (txl.train says so).
 KEPT_CHECKPOINT = ("model.safetensors", "state.json", "rng.rank0.safetensors")
+# What --save keeps of every phase it keeps at all: the record of how it ran.
+RUN_RECORDS = ("run.json", "log.jsonl", "eval.json")
 
 
 def law_tokens(batch: int, tgt_len: int, log10: float) -> int:
@@ -261,7 +263,7 @@ def save(plan: Plan, saved: Path) -> None:
         if state == "new":
             continue
         keep.mkdir(parents=True)
-        for name in ("run.json", "log.jsonl", "eval.json"):
+        for name in RUN_RECORDS:
             if (run / name).exists():
                 shutil.copy(run / name, keep / name)
         if state == "started":
@@ -275,7 +277,7 @@ def save(plan: Plan, saved: Path) -> None:
         if (run / "model").exists() and not (keep / "model").exists():
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copytree(run / "model", keep / "model")
-            for file in ("run.json", "log.jsonl", "eval.json"):
+            for file in RUN_RECORDS:
                 if (run / file).exists():
                     shutil.copy(run / file, keep / file)
     (saved / "README.md").write_text(

@@ -312,10 +312,6 @@ def test_a_self_written_recipe_is_the_recipe_with_speeches_of_the_start_model(
     assert [n for _, n in check.headings(written)] == [n for _, n in check.headings(plain)]
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__]))
-
-
 def test_a_kept_candidate_outlives_its_session_after_the_plan_moves_on(driver, tmp_path):
     # a and b done; b is then moved to "tried" and named in "keep" (a candidate to ship):
     # --save keeps its model though no phase starts from it, and a new checkout has it back
@@ -338,3 +334,7 @@ def test_a_kept_candidate_outlives_its_session_after_the_plan_moves_on(driver, t
     kept = new / "b" / "model" / "model.safetensors"
     assert kept.read_bytes() == (old / "b" / "model" / "model.safetensors").read_bytes()
     assert driver.status(new / "a") == "done"  # and nothing ran again
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
