@@ -55,76 +55,32 @@ def steps(weights: Path, data: Path, out: Path) -> list[Step]:
     """docs/weights.md's steps 2-4 for the model in ``weights``: its readings, then the
     examples the page opens on, then the pictures; each writes what the prose quotes."""
     w, d = str(weights), str(data)
-    gen = ["scripts/generation_check.py", w, "--data", d, "--threads", "1", "--scenes", "60",
-           "--window-temperatures="]  # fmt: skip
-    recall = ["scripts/recall_check.py", w, "--data", d, "--threads", "1"]
-    far = ["--mem-len", "2048", "--distances", "1000,2000"]
+
+    def reading(name: str, *argv: str) -> Step:  # its figures as JSON in out/<name>.json
+        return Step(name, [*argv, "--json", str(out / f"{name}.json")])
+
+    gen = ("scripts/generation_check.py", w, "--data", d, "--threads", "1", "--scenes", "60",
+           "--window-temperatures=")  # fmt: skip
+    recall = ("scripts/recall_check.py", w, "--data", d, "--threads", "1")
+    far = ("--mem-len", "2048", "--distances", "1000,2000")
+    evaluate = ["-m", "txl.evaluate", "--model", w, "--data", d, "--positions", "2000:12000",
+                "--sliding", "64,192", "--threads", "1", "--json",
+                str(weights / "eval_three_ways.json")]  # fmt: skip
     readings = [
-        Step(
-            "eval-three-ways",
-            [
-                "-m",
-                "txl.evaluate",
-                "--model",
-                w,
-                "--data",
-                d,
-                "--positions",
-                "2000:12000",
-                "--sliding",
-                "64,192",
-                "--threads",
-                "1",
-                "--json",
-                str(weights / "eval_three_ways.json"),
-            ],
-        ),  # fmt: skip
+        Step("eval-three-ways", evaluate),
         *(
-            Step(
-                f"generation-real-{s}",
-                [
-                    *gen,
-                    "--only",
-                    "real",
-                    "--seed",
-                    str(s),
-                    "--json",
-                    str(out / f"generation-real-{s}.json"),
-                ],
-            )  # fmt: skip
+            reading(f"generation-real-{s}", *gen, "--only", "real", "--seed", str(s))
             for s in (1, 2, 3)
         ),
-        Step(
-            "generation-made-up",
-            [*gen, "--only", "made_up", "--json", str(out / "generation-made-up.json")],
-        ),  # fmt: skip
-        Step(
-            "generation-probe",
-            [*gen, "--only", "probe", "--json", str(out / "generation-probe.json")],
-        ),  # fmt: skip
+        reading("generation-made-up", *gen, "--only", "made_up"),
+        reading("generation-probe", *gen, "--only", "probe"),
         *(
-            Step(
-                f"recall-{kind}",
-                [*recall, "--names", kind, "--json", str(out / f"recall-{kind}.json")],
-            )  # fmt: skip
+            reading(f"recall-{kind}", *recall, "--names", kind)
             for kind in ("syllables", "english", "compound")
         ),
-        Step(
-            "recall-opening",
-            [
-                *recall,
-                "--opening",
-                "--distances",
-                "100,200,400",
-                "--json",
-                str(out / "recall-opening.json"),
-            ],
-        ),  # fmt: skip
-        Step("recall-far", [*recall, *far, "--json", str(out / "recall-far.json")]),
-        Step(
-            "recall-far-opening",
-            [*recall, *far, "--opening", "--json", str(out / "recall-far-opening.json")],
-        ),  # fmt: skip
+        reading("recall-opening", *recall, "--opening", "--distances", "100,200,400"),
+        reading("recall-far", *recall, *far),
+        reading("recall-far-opening", *recall, *far, "--opening"),
     ]
     examples = [
         Step("moments", ["scripts/find_memory_moments.py", "--model", w, "--data", d]),
