@@ -12,6 +12,7 @@ from tests.test_app import new_client, settings
 from tests.test_browser import (  # noqa: F401  (app_url, browser_page: fixtures)
     app_url,
     browser_page,
+    page_text,
     painted_position,
     step_and_wait,
     text_length,
@@ -21,17 +22,6 @@ from tests.test_play_stream import untimed
 
 pytestmark = pytest.mark.browser
 PROMPT = "ROMEO:\n"
-
-
-def page_text(page) -> str:
-    """The text the view holds. Its newest character is drawn visible when it is a space or
-    a new line (␣, ↵ then the new line: webapp/web/views.js), which no character of the
-    model's vocabulary is: read back as the character it stands for."""
-    text = page.evaluate("document.querySelector('#text .txl-text').innerText")
-    for shown, char in (("␣", " "), ("↵\n", "\n"), ("↵", "\n")):
-        if text.endswith(shown):
-            return text[: -len(shown)] + char
-    return text
 
 
 def play_until(page, position: int) -> int:
