@@ -63,9 +63,9 @@ def main() -> None:
             page.press("#n_tokens input[type=number]", "Enter")
             page.click("#generate")
             target = len(args.prompt) + args.chars
-            page.wait_for_function(
-                f"document.querySelector('#text .txl-text').innerText.length >= {target}"
-            )
+            # Generate is done when its last step's views are painted (the text's innerText
+            # would count a newest new line twice: it is drawn as ↵ and a line break).
+            page.wait_for_selector(f"#attention [data-position='{target - 1}']")
             page.click("#step")
             # The Step's views are painted when the attention view carries its position.
             page.wait_for_selector(f"#attention [data-position='{target}']")
