@@ -252,9 +252,13 @@ def save(plan: Plan, saved: Path) -> None:
     """Copy what a new checkout needs to go on into ``saved``: every phase's log, the
     checkpoint of the phase in progress, the last phase's model once it is done (the run's
     result), and the models that phases not yet started will start from (the phase before
-    them, or the earlier one their ``"from"`` names)."""
-    if saved.exists():
-        shutil.rmtree(saved)
+    them, or the earlier one their ``"from"`` names). The records of phases moved to the
+    plan's ``tried`` stay (the record of every try); their models go unless kept."""
+    for name in [p["name"] for p in plan.phases] + plan.kept():
+        shutil.rmtree(saved / name, ignore_errors=True)  # rewritten below
+    for phase in plan.plan.get("tried", []):
+        if phase["name"] not in plan.kept():
+            shutil.rmtree(saved / phase["name"] / "model", ignore_errors=True)
     needed = {plan.start_from(p) for p in plan.phases if status(plan.run_dir(p)) == "new"}
     needed.add(plan.run_dir(plan.phases[-1]) / "model")
     for phase in plan.phases:
@@ -280,6 +284,7 @@ def save(plan: Plan, saved: Path) -> None:
             for file in RUN_RECORDS:
                 if (run / file).exists():
                     shutil.copy(run / file, keep / file)
+    saved.mkdir(parents=True, exist_ok=True)
     (saved / "README.md").write_text(
         "# A recall run in progress\n\nWhat `scripts/train_recall.py --save` kept so that the "
         "next session goes on where this one stopped (docs/recall-training.md). Not a model "

@@ -313,18 +313,22 @@ def test_a_self_written_recipe_is_the_recipe_with_speeches_of_the_start_model(
 
 
 def test_a_kept_candidate_outlives_its_session_after_the_plan_moves_on(driver, tmp_path):
-    # a and b done; b is then moved to "tried" and named in "keep" (a candidate to ship):
-    # --save keeps its model though no phase starts from it, and a new checkout has it back
+    # a and b done and saved (b the last: its model is the run's result); b is then moved
+    # to "tried": --save keeps its record (log, eval: the record of every try) but not its
+    # model, until "keep" names it (a candidate to ship); a new checkout has it back
     data = plays(tmp_path / "plays.txt")
     path = plan_file(tmp_path / "p.json")
     args = ["--data", str(data), "--threads", "1", "--plan", str(path)]
     old, saved = tmp_path / "old", tmp_path / "saved"
     driver.main([*args, "--runs", str(old)])
+    driver.main([*args, "--runs", str(old), "--saved", str(saved), "--save"])
+    assert (saved / "b" / "model" / "model.safetensors").exists()
     plan = json.loads(path.read_text())
     plan["tried"] = [plan["phases"].pop()]
     path.write_text(json.dumps(plan))
     driver.main([*args, "--runs", str(old), "--saved", str(saved), "--save"])
-    assert not (saved / "b").exists()  # without "keep", a tried phase's model is lost
+    assert sorted(p.name for p in (saved / "b").iterdir()) == sorted(driver.RUN_RECORDS)
+    assert (saved / "b" / "log.jsonl").read_bytes() == (old / "b" / "log.jsonl").read_bytes()
     path.write_text(json.dumps(dict(plan, keep=["b"])))
     driver.main([*args, "--runs", str(old), "--saved", str(saved), "--save"])
     assert (saved / "b" / "model" / "model.safetensors").exists()
