@@ -42,6 +42,9 @@ PLAN = ROOT / "configs" / "recall-plan.json"
 OUT = ROOT / "runs" / "ship"
 SHIPPED_MEM_LEN = 512  # the memory the page opens at: the one the model was trained for
 GATE_REACH = 256  # the Recall tab's probe recalled at every k up to this
+# What a model folder tells of how that model was made: replaced by the candidate's, and
+# removed where the candidate has none (a soup has no training log of its own).
+MODEL_RECORDS = ("log.jsonl", "loss_curve.png", "eval.json", "soup.json")
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,9 @@ def install(candidate: Path, phase: str, weights: Path, plan: Path) -> list[str]
     if phase not in [p["name"] for p in names["phases"]]:
         raise SystemExit(f"{phase!r} is not a phase of {plan} (its 'phases', not 'tried')")
     copied = []
+    for name in MODEL_RECORDS:  # the last model's, where the candidate has none (a soup's log)
+        if not (candidate / name).exists():
+            (weights / name).unlink(missing_ok=True)
     for file in sorted(candidate.iterdir()):
         if file.is_file() and file.name != "README.md":
             shutil.copy(file, weights / file.name)

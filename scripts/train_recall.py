@@ -17,7 +17,9 @@ skipped, and ``--save`` copies what the next session needs into
 where a new checkout restores it; the plan's ``"keep"`` names phases (run, or moved to
 ``tried``) whose models it keeps as well: a candidate to ship. Each phase's training text
 is made afresh from its recipe (``recall_data.recall_passes``, seeded), so no altered text
-is ever committed.
+is ever committed. A phase with ``"soup_of": [<earlier phases>]`` trains nothing: its
+model is the mean of theirs (``scripts/average_weights.py``, a uniform model soup), read
+on validation as a run's is.
 
 ``--plot`` draws the phase change: the copy drill and the recall probe that
 ``--probe-every`` logs, against the tokens of all phases.
@@ -104,10 +106,30 @@ class Plan:
         return self.runs / phase["name"]
 
     def settings(self, phase: dict) -> dict:
-        return {**self.plan["model"], **self.plan["train"], **phase["train"]}
+        return {**self.plan["model"], **self.plan["train"], **phase.get("train", {})}
+
+    def ingredients(self, phase: dict) -> list[Path]:
+        """A soup's models: those of the earlier phases its ``soup_of`` names."""
+        earlier = [p["name"] for p in self.phases[: self.phases.index(phase)]]
+        unknown = [name for name in phase["soup_of"] if name not in earlier]
+        if unknown or len(phase["soup_of"]) < 2:
+            said = f" (not earlier phases: {', '.join(unknown)})" if unknown else ""
+            raise ValueError(
+                f'{phase["name"]}: "soup_of" names two or more earlier phases of the plan{said}'
+            )
+        return [self.runs / name / "model" for name in phase["soup_of"]]
+
+    def inputs(self, phase: dict) -> set[Path]:
+        """The models a phase not yet run starts from (a soup: the ones it averages)."""
+        if "soup_of" in phase:
+            return set(self.ingredients(phase))
+        start = self.start_from(phase)
+        return {start} if start else set()
 
     def tokens(self, phase: dict) -> int:
-        """The phase's budget in tokens (the module docstring)."""
+        """The phase's budget in tokens (the module docstring); a soup trains none."""
+        if "soup_of" in phase:
+            return 0
         budget = phase["tokens"]
         s = self.settings(phase)
         if budget == "law":
@@ -235,6 +257,20 @@ def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) 
     subprocess.run([python, *cmd], cwd=ROOT, check=True)
 
 
+def soup_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) -> None:
+    """A soup phase: the mean of its ingredients' models in its run's model/, then read on
+    validation (eval.json, beside the model and in the run, as txl.train leaves a run)."""
+    run, models = plan.run_dir(phase), plan.ingredients(phase)
+    print(f"{phase['name']}: the mean of {', '.join(phase['soup_of'])}", flush=True)
+    average = [str(ROOT / "scripts" / "average_weights.py"), *map(str, models),
+               "--out", str(run / "model")]  # fmt: skip
+    subprocess.run([python, *average], cwd=ROOT, check=True)
+    evaluate = ["-m", "txl.evaluate", "--model", str(run / "model"), "--data", str(data),
+                "--threads", str(threads), "--json", str(run / "model" / "eval.json")]  # fmt: skip
+    subprocess.run([python, *evaluate], cwd=ROOT, check=True)
+    shutil.copy(run / "model" / "eval.json", run / "eval.json")
+
+
 def end_phase(plan: Plan, name: str, python: str, threads: int) -> None:
     """End a started phase at its last checkpoint, its goal met before its budget was
     spent: txl.train resumed with --steps at that step trains no more and finishes (the
@@ -259,7 +295,7 @@ def save(plan: Plan, saved: Path) -> None:
     for phase in plan.plan.get("tried", []):
         if phase["name"] not in plan.kept():
             shutil.rmtree(saved / phase["name"] / "model", ignore_errors=True)
-    needed = {plan.start_from(p) for p in plan.phases if status(plan.run_dir(p)) == "new"}
+    needed = set().union(*(plan.inputs(p) for p in plan.phases if status(plan.run_dir(p)) == "new"))
     needed.add(plan.run_dir(plan.phases[-1]) / "model")
     for phase in plan.phases:
         run, keep = plan.run_dir(phase), saved / phase["name"]
@@ -326,7 +362,7 @@ def table(plan: Plan) -> str:
         speed = f"{statistics.median(speeds):,.0f}" if speeds else "—"
         rows.append(
             f"| {phase['name']} | {s['batch']} x {s['tgt_len']} | {plan.tokens(phase):,} "
-            f"({phase['tokens']}) | {tokens_spent(run):,} | {speed} | "
+            f"({phase.get('tokens', 'a soup')}) | {tokens_spent(run):,} | {speed} | "
             f"{'shipped' if plan.shipped(phase) else status(run)} |"
         )
     return "\n".join(rows)
@@ -418,7 +454,8 @@ def main(argv=None) -> int:
         end_phase(plan, a.end_phase, sys.executable, a.threads)
     for phase in plan.phases[: a.phases or None]:
         if status(plan.run_dir(phase)) != "done" and not plan.shipped(phase):
-            train_phase(plan, phase, a.data, sys.executable, a.threads)
+            run_phase = soup_phase if "soup_of" in phase else train_phase
+            run_phase(plan, phase, a.data, sys.executable, a.threads)
     print(table(plan))
     return 0
 

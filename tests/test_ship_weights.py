@@ -42,6 +42,8 @@ def test_install_copies_the_model_keeps_the_card_and_ships_the_phase(ship, tmp_p
     candidate.mkdir(parents=True)
     (weights / "README.md").write_text("the card")
     (weights / "model.safetensors").write_bytes(b"old")
+    (weights / "log.jsonl").write_text("the old model's training")  # the candidate has none
+    (weights / "eval_three_ways.json").write_text("{}")  # a reading: step 2 writes it anew
     (candidate / "model.safetensors").write_bytes(b"new")
     (candidate / "eval.json").write_text("{}")
     (candidate / "README.md").write_text("a run's own readme")
@@ -56,12 +58,15 @@ def test_install_copies_the_model_keeps_the_card_and_ships_the_phase(ship, tmp_p
     with pytest.raises(SystemExit, match="not a phase"):
         ship.install(candidate, "t", weights, plan)  # a tried phase: nothing changes
     assert (weights / "model.safetensors").read_bytes() == b"old"
+    assert (weights / "log.jsonl").exists()
     assert plan.read_text() == layout
 
     copied = ship.install(candidate, "p2", weights, plan)
     assert copied == ["config.json", "eval.json", "model.safetensors"]
     assert (weights / "model.safetensors").read_bytes() == b"new"
     assert (weights / "README.md").read_text() == "the card"
+    assert not (weights / "log.jsonl").exists()  # a soup's folder tells no old model's run
+    assert (weights / "eval_three_ways.json").exists()
     assert json.loads((weights / "config.json").read_text()) == {"mem_len": 512, "d_model": 8}
     assert plan.read_text() == layout.replace('"phase": "p1"', '"phase": "p2"')
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(d_model=32, n_layer=1, n_head=2, d_head=16, d_inner=32, dropout=0.1, dropatt=0.0,
@@ -86,7 +87,8 @@ def plan_with_next_phase(tmp_path: Path) -> Path:
     """The project's plan with one more phase after the shipped ones: phase-next, a copy
     of the last (the next session's case)."""
     extended = json.loads((ROOT / "configs" / "recall-plan.json").read_text())
-    last = {k: v for k, v in extended["phases"][-1].items() if k != "from"}
+    trained = [p for p in extended["phases"] if "soup_of" not in p]
+    last = {k: v for k, v in trained[-1].items() if k != "from"}
     extended["phases"].append({**last, "name": "phase-next"})
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(extended))
@@ -195,6 +197,37 @@ def test_a_branch_not_yet_started_finds_its_model_in_a_new_checkout(driver, tmp_
     assert ran["init_from"] == str(new / "a" / "model")
 
 
+def test_a_soup_phase_is_the_mean_of_its_phases_models_read_on_validation(driver, tmp_path):
+    # a and b trained; s, their uniform soup ("soup_of"), trains nothing: its model is the
+    # mean of theirs, read as a run's is (eval.json), and a new checkout finds its
+    # ingredients' models when --save kept them before s was made
+    from safetensors.torch import load_file
+
+    data = plays(tmp_path / "plays.txt")
+    plan = json.loads(plan_file(tmp_path / "p.json").read_text())
+    plan["phases"].append({"name": "s", "soup_of": ["a", "b"]})
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    args = ["--data", str(data), "--threads", "1", "--plan", str(tmp_path / "p.json")]
+    old, saved = tmp_path / "old", tmp_path / "saved"
+    driver.main([*args, "--runs", str(old), "--phases", "2"])
+    driver.main([*args, "--runs", str(old), "--saved", str(saved), "--save"])
+    assert (saved / "a" / "model").exists() and (saved / "b" / "model").exists()
+    new = tmp_path / "new"
+    driver.main([*args, "--runs", str(new), "--saved", str(saved)])
+    assert driver.status(new / "s") == "done"
+    a, b, soup = (load_file(new / n / "model" / "model.safetensors") for n in "abs")
+    for name, value in soup.items():
+        assert torch.allclose(value, (a[name] + b[name]) / 2, rtol=0, atol=1e-7), name
+    read = json.loads((new / "s" / "eval.json").read_text())
+    assert read["sweep"] and (new / "s" / "model" / "eval.json").exists()
+    plan = driver.Plan(tmp_path / "p.json", new)
+    assert "| s | 2 x 16 | 0 (a soup) | 0 | — | done |" in driver.table(plan)
+
+    plan.plan["phases"][-1]["soup_of"] = ["a", "s"]  # itself: said, not guessed
+    with pytest.raises(ValueError, match="not earlier phases: s"):
+        plan.ingredients(plan.phases[-1])
+
+
 def test_a_phase_says_where_its_rows_stop(driver, tmp_path):
     # validation reads lower when the rows stop near the training text's end (the play it
     # continues): the driver says where each phase stops, so that phases compare alike
@@ -212,7 +245,7 @@ def test_the_table_says_what_was_spent(driver, tmp_path, capsys):
         json.dumps({"step": 10, "loss": 2.0, "tokens": 5120, "tok_s": 2000.0}) + "\n"
     )
     table = driver.table(plan)
-    budget = plan.tokens(plan.phases[-1])  # phase-next copies the last phase's budget
+    budget = plan.tokens(plan.phases[-1])  # phase-next copies the last trained phase's budget
     assert f"| phase-next | 8 x 64 | {budget:,} ({budget}) | 5,120 | 2,000 | new |" in table
     assert "| phase1-copy | 8 x 64 | 11,340,573 (law) | 0 | — | shipped |" in table
 
