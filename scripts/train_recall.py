@@ -109,7 +109,8 @@ class Plan:
         return {**self.plan["model"], **self.plan["train"], **phase.get("train", {})}
 
     def ingredients(self, phase: dict) -> list[Path]:
-        """A soup's models: those of the earlier phases its ``soup_of`` names."""
+        """A soup's models: those of the earlier phases its ``soup_of`` names (the shipped
+        phase's: the shipped weights, its run being an earlier checkout's)."""
         earlier = [p["name"] for p in self.phases[: self.phases.index(phase)]]
         unknown = [name for name in phase["soup_of"] if name not in earlier]
         if unknown or len(phase["soup_of"]) < 2:
@@ -117,7 +118,11 @@ class Plan:
             raise ValueError(
                 f'{phase["name"]}: "soup_of" names two or more earlier phases of the plan{said}'
             )
-        return [self.runs / name / "model" for name in phase["soup_of"]]
+        models = {name: self.runs / name / "model" for name in phase["soup_of"]}
+        shipped = self.plan.get("shipped", {})
+        if shipped.get("phase") in models:
+            models[shipped["phase"]] = ROOT / shipped["weights"]
+        return list(models.values())
 
     def inputs(self, phase: dict) -> set[Path]:
         """The models a phase not yet run starts from (a soup: the ones it averages)."""

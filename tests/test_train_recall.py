@@ -226,6 +226,10 @@ def test_a_soup_phase_is_the_mean_of_its_phases_models_read_on_validation(driver
     plan.plan["phases"][-1]["soup_of"] = ["a", "s"]  # itself: said, not guessed
     with pytest.raises(ValueError, match="not earlier phases: s"):
         plan.ingredients(plan.phases[-1])
+    plan.plan["phases"][-1]["soup_of"] = ["a", "b"]  # a shipped: its model is the weights'
+    plan.plan["shipped"] = {"phase": "a", "weights": "weights/shakespeare-char"}
+    assert plan.ingredients(plan.phases[-1]) == [ROOT / "weights" / "shakespeare-char",
+                                                new / "b" / "model"]  # fmt: skip
 
 
 def test_a_phase_says_where_its_rows_stop(driver, tmp_path):
