@@ -19,7 +19,8 @@ where a new checkout restores it; the plan's ``"keep"`` names phases (run, or mo
 is made afresh from its recipe (``recall_data.recall_passes``, seeded), so no altered text
 is ever committed. A phase with ``"soup_of": [<earlier phases>]`` trains nothing: its
 model is the mean of theirs (``scripts/average_weights.py``, a uniform model soup), read
-on validation as a run's is.
+on validation as a run's is. A phase with ``"widen": {...}`` starts from its start model
+made wider, computing the same (``scripts/widen_model.py``: twin heads and units).
 
 ``--plot`` draws the phase change: the copy drill and the recall probe that
 ``--probe-every`` logs, against the tokens of all phases.
@@ -109,9 +110,10 @@ class Plan:
         return {**self.plan["model"], **self.plan["train"], **phase.get("train", {})}
 
     def ingredients(self, phase: dict) -> list[Path]:
-        """A soup's models: those of the earlier phases its ``soup_of`` names (the shipped
-        phase's: the shipped weights, its run being an earlier checkout's)."""
+        """A soup's models: those of the earlier phases its ``soup_of`` names, run or tried
+        (the shipped phase's: the shipped weights, its run being an earlier checkout's)."""
         earlier = [p["name"] for p in self.phases[: self.phases.index(phase)]]
+        earlier += [p["name"] for p in self.plan.get("tried", [])]
         unknown = [name for name in phase["soup_of"] if name not in earlier]
         if unknown or len(phase["soup_of"]) < 2:
             said = f" (not earlier phases: {', '.join(unknown)})" if unknown else ""
@@ -151,8 +153,9 @@ class Plan:
     def start_from(self, phase: dict) -> Path | None:
         """The model the phase starts from: the last phase's, or the one its ``from`` names
         (an earlier phase: a branch, back past phases that drifted); for the first, the
-        plan's ``init_from`` (null: from scratch); a shipped phase's is the shipped
-        weights."""
+        plan's ``init_from`` (null: from scratch). The shipped phase's is the shipped
+        weights; a phase before it is in them only as a step, so a branch from it needs its
+        own run's model."""
         i = self.phases.index(phase)
         if "from" in phase:
             earlier = [p["name"] for p in self.phases[:i]]
@@ -162,10 +165,17 @@ class Plan:
                     f"plan ({', '.join(earlier) or 'none'})"
                 )
             i = 1 + earlier.index(phase["from"])
-        if i > 0 and self.shipped(self.phases[i - 1]):
+        if i > 0 and self.phases[i - 1]["name"] == self.plan.get("shipped", {}).get("phase"):
             return ROOT / self.plan["shipped"]["weights"]
         if i > 0:
-            return self.run_dir(self.phases[i - 1]) / "model"
+            before, model = self.phases[i - 1], self.run_dir(self.phases[i - 1]) / "model"
+            if self.shipped(before) and not model.exists():  # not the shipped weights: said
+                raise ValueError(
+                    f"{phase['name']}: starts from {before['name']}, a phase before the shipped "
+                    f"one, whose model is not at hand ({model}): keep it (the plan's keep) in "
+                    "the session that has it"
+                )
+            return model
         return ROOT / self.plan["init_from"] if self.plan.get("init_from") else None
 
 
@@ -254,12 +264,26 @@ def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) 
         config.write_text(json.dumps(dict(s, steps=plan.steps(phase)), indent=1))
         cmd += ["--config", str(config), "--data", str(data),
                 "--train-data", str(text)]  # fmt: skip
-        if plan.start_from(phase):
-            cmd += ["--init-from", str(plan.start_from(phase))]
+        start = plan.start_from(phase)
+        if start and "widen" in phase:  # the start model, wider (scripts/widen_model.py)
+            start = widened(plan, phase, start, python)
+        if start:
+            cmd += ["--init-from", str(start)]
     budget = f"{plan.steps(phase):,} steps, {plan.tokens(phase):,} tokens"
     stops = where_it_stops(plan, phase, len(text.read_text()))
     print(f"{phase['name']}: {budget}; {stops}", flush=True)
     subprocess.run([python, *cmd], cwd=ROOT, check=True)
+
+
+def widened(plan: Plan, phase: dict, start: Path, python: str) -> Path:
+    """The phase's start model widened as its ``"widen"`` says ({"heads", "inner", "noise",
+    "seed"}: scripts/widen_model.py's flags), in runs/<phase>-start; the phase's ``train``
+    gives the wider n_head and d_inner its config must have."""
+    wide = plan.runs / f"{phase['name']}-start"
+    flags = [f"--{key}={value}" for key, value in phase["widen"].items()]
+    widen = [str(ROOT / "scripts" / "widen_model.py"), str(start), "--out", str(wide), *flags]
+    subprocess.run([python, *widen], cwd=ROOT, check=True)
+    return wide
 
 
 def soup_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) -> None:
@@ -365,8 +389,9 @@ def table(plan: Plan) -> str:
         s, run = plan.settings(phase), plan.run_dir(phase)
         speeds = [r["tok_s"] for r in read_log(run) if "tok_s" in r]
         speed = f"{statistics.median(speeds):,.0f}" if speeds else "—"
+        shape = f"{s['batch']} x {s['tgt_len']}" if "batch" in s else "—"  # a soup: no batch
         rows.append(
-            f"| {phase['name']} | {s['batch']} x {s['tgt_len']} | {plan.tokens(phase):,} "
+            f"| {phase['name']} | {shape} | {plan.tokens(phase):,} "
             f"({phase.get('tokens', 'a soup')}) | {tokens_spent(run):,} | {speed} | "
             f"{'shipped' if plan.shipped(phase) else status(run)} |"
         )

@@ -106,10 +106,9 @@ def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_fro
     assert "| phase9-natural | 8 x 64 | 4,500,000 (4500000) | 0 | — | shipped |" in (
         driver.table(plan)
     )
-    if not all(shipped):
-        assert plan.start_from(plan.phases[shipped.index(False)]) == ROOT / "weights" / (
-            "shakespeare-char"
-        )
+    first_after = plan.phases[shipped.index(False)] if not all(shipped) else {}
+    if first_after and "from" not in first_after:  # a branch starts where "from" says
+        assert plan.start_from(first_after) == ROOT / "weights" / "shakespeare-char"
     # the tries that were not kept stay out of the path
     kept = {p["name"] for p in plan.phases}
     assert not kept & {p["name"] for p in plan.plan["tried"]}
@@ -121,13 +120,18 @@ def test_phases_in_the_shipped_weights_are_not_run_again_and_the_next_starts_fro
         assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
     else:
         assert plan.start_from(following) == tmp_path / before["name"] / "model"
-    # a phase may branch from an earlier one ("from"): its model, the shipped weights
-    # when that phase is shipped
-    following["from"] = earlier[-1]["name"]
-    if plan.shipped(earlier[-1]):
-        assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
-    else:
-        assert plan.start_from(following) == tmp_path / earlier[-1]["name"] / "model"
+    # a phase may branch from an earlier one ("from"): its model; one before the shipped
+    # phase is in the shipped weights only as a step, so its own model must be at hand
+    names = [p["name"] for p in plan.phases]
+    inside = names[names.index(plan.plan["shipped"]["phase"]) - 1]  # shipped, as a step
+    following["from"] = inside
+    with pytest.raises(ValueError, match="whose model is not at hand"):
+        plan.start_from(following)
+    (tmp_path / inside / "model").mkdir(parents=True)
+    assert plan.start_from(following) == tmp_path / inside / "model"
+    if not plan.shipped(before):  # a phase after the shipped one: its run's model
+        following["from"] = before["name"]
+        assert plan.start_from(following) == tmp_path / before["name"] / "model"
     following["from"] = plan.plan["shipped"]["phase"]
     assert plan.start_from(following) == ROOT / "weights" / "shakespeare-char"
     following["from"] = "phase-next"  # itself, or a phase after it: said, not guessed
@@ -230,6 +234,8 @@ def test_a_soup_phase_is_the_mean_of_its_phases_models_read_on_validation(driver
     plan.plan["shipped"] = {"phase": "a", "weights": "weights/shakespeare-char"}
     assert plan.ingredients(plan.phases[-1]) == [ROOT / "weights" / "shakespeare-char",
                                                 new / "b" / "model"]  # fmt: skip
+    plan.plan["tried"] = [plan.plan["phases"].pop(1)]  # b tried: its run's model still counts
+    assert plan.ingredients(plan.phases[-1])[1] == new / "b" / "model"
 
 
 def test_a_phase_says_where_its_rows_stop(driver, tmp_path):
@@ -379,3 +385,23 @@ def test_a_kept_candidate_outlives_its_session_after_the_plan_moves_on(driver, t
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_a_widen_phase_trains_the_start_model_made_wider(driver, tmp_path):
+    # b starts from a's model with twice the heads and FF units (scripts/widen_model.py),
+    # its config the wider one its "train" names
+    from txl import TransformerXL
+
+    data = plays(tmp_path / "plays.txt")
+    plan = json.loads(plan_file(tmp_path / "p.json", n_head=4, d_inner=64).read_text())
+    plan["phases"][1]["widen"] = {"heads": 2, "inner": 2, "noise": 0.001}
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    runs = tmp_path / "runs"
+    driver.main(["--data", str(data), "--threads", "1", "--plan", str(tmp_path / "p.json"),
+                 "--runs", str(runs)])  # fmt: skip
+    start = TransformerXL.from_pretrained(str(runs / "b-start"))
+    trained = TransformerXL.from_pretrained(str(runs / "b" / "model"))
+    assert (start.config.n_head, start.config.d_inner) == (4, 64)
+    assert (trained.config.n_head, trained.config.d_inner) == (4, 64)
+    ran = json.loads((runs / "b" / "run.json").read_text())["train"]
+    assert ran["init_from"] == str(runs / "b-start")

@@ -1,0 +1,71 @@
+"""scripts/widen_model.py: a model widened (twin heads, twin FF units) computes the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from txl import TransformerXL, TXLConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def widen_model(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import widen_model
+
+    return widen_model
+
+
+def tiny(**overrides) -> TransformerXL:
+    fields = dict(vocab=list("ab\n :"), d_model=16, n_layer=2, n_head=2, d_head=8,
+                  d_inner=32, tgt_len=8, mem_len=8)  # fmt: skip
+    torch.manual_seed(0)
+    model = TransformerXL(TXLConfig(**{**fields, **overrides}))
+    with torch.no_grad():  # biases and norms away from their init: every tensor matters
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"pre_lnorm": True}, {"untie_r": False}, {"same_length": True}]
+)
+def test_the_wider_model_computes_what_the_model_does(widen_model, overrides):
+    model = tiny(**overrides)
+    wide = widen_model.widen(model, heads=2, inner=3)
+    assert (wide.config.n_head, wide.config.d_inner) == (4, 96)
+    ids = torch.randint(5, (40,), generator=torch.Generator().manual_seed(1))
+    assert widen_model.largest_change(model, wide, ids, segments=5) < 1e-5
+    # and its attention is each head's, twice
+    with torch.no_grad():
+        a = model(ids[:8].view(1, -1), output_attentions=True).attentions[0]
+        b = wide(ids[:8].view(1, -1), output_attentions=True).attentions[0]
+    torch.testing.assert_close(b[:, :2], a, rtol=0, atol=1e-6)
+    torch.testing.assert_close(b[:, 2:], a, rtol=0, atol=1e-6)
+
+
+def test_noise_sets_the_twins_apart_and_moves_the_function_a_little(widen_model):
+    model = tiny()
+    wide = widen_model.widen(model, noise=1e-2, seed=3)
+    qkv = wide.layers[0].attn.qkv.weight  # q rows: head 0, head 1, then their twins
+    assert not torch.equal(qkv[:16], qkv[16:32])
+    torch.testing.assert_close(qkv[:16], model.layers[0].attn.qkv.weight[:16], rtol=0, atol=0)
+    ids = torch.randint(5, (40,), generator=torch.Generator().manual_seed(1))
+    change = widen_model.largest_change(model, wide, ids, segments=5)
+    assert 1e-6 < change < 0.05
+    again = widen_model.widen(model, noise=1e-2, seed=3)  # seeded: the same model again
+    torch.testing.assert_close(again.state_dict(), wide.state_dict(), rtol=0, atol=0)
+
+
+def test_the_cli_writes_a_model_that_loads(widen_model, tmp_path, capsys):
+    tiny().save_pretrained(tmp_path / "small")
+    widen_model.main([str(tmp_path / "small"), "--out", str(tmp_path / "wide")])
+    wide = TransformerXL.from_pretrained(str(tmp_path / "wide"))
+    assert (wide.config.n_head, wide.config.d_inner) == (4, 64)
+    assert "heads 2 -> 4, d_inner 32 -> 64" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="heads and inner must be >= 1"):
+        widen_model.main([str(tmp_path / "small"), "--out", str(tmp_path / "x"), "--heads", "0"])
