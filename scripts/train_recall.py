@@ -324,7 +324,8 @@ def save(plan: Plan, saved: Path) -> None:
     for phase in plan.plan.get("tried", []):
         if phase["name"] not in plan.kept():
             shutil.rmtree(saved / phase["name"] / "model", ignore_errors=True)
-    needed = set().union(*(plan.inputs(p) for p in plan.phases if status(plan.run_dir(p)) == "new"))
+    to_run = [p for p in plan.phases if status(plan.run_dir(p)) == "new" and not plan.shipped(p)]
+    needed = set().union(*(plan.inputs(p) for p in to_run))
     needed.add(plan.run_dir(plan.phases[-1]) / "model")
     for phase in plan.phases:
         run, keep = plan.run_dir(phase), saved / phase["name"]

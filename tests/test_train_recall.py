@@ -405,3 +405,16 @@ def test_a_widen_phase_trains_the_start_model_made_wider(driver, tmp_path):
     assert (trained.config.n_head, trained.config.d_inner) == (4, 64)
     ran = json.loads((runs / "b" / "run.json").read_text())["train"]
     assert ran["init_from"] == str(runs / "b-start")
+
+
+def test_save_asks_nothing_of_the_phases_in_the_shipped_weights(driver, tmp_path):
+    # a and b are shipped and their runs are an earlier checkout's: --save keeps what the
+    # phases still to run need, and asks no model of a (b's start) for b, which never runs
+    data = plays(tmp_path / "plays.txt")
+    plan = json.loads(plan_file(tmp_path / "p.json").read_text())
+    plan["shipped"] = {"phase": "b", "weights": "weights/shakespeare-char"}
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    saved = tmp_path / "saved"
+    assert driver.main(["--data", str(data), "--plan", str(tmp_path / "p.json"), "--runs",
+                        str(tmp_path / "runs"), "--saved", str(saved), "--save"]) == 0  # fmt: skip
+    assert not list(saved.rglob("model.safetensors"))  # no run here, none to keep
