@@ -110,8 +110,7 @@ class Plan:
         return {**self.plan["model"], **self.plan["train"], **phase.get("train", {})}
 
     def ingredients(self, phase: dict) -> list[Path]:
-        """A soup's models: those of the earlier phases its ``soup_of`` names, run or tried
-        (the shipped phase's: the shipped weights, its run being an earlier checkout's)."""
+        """A soup's models: those of the earlier phases its ``soup_of`` names, run or tried."""
         earlier = [p["name"] for p in self.phases[: self.phases.index(phase)]]
         earlier += [p["name"] for p in self.plan.get("tried", [])]
         unknown = [name for name in phase["soup_of"] if name not in earlier]
@@ -120,11 +119,15 @@ class Plan:
             raise ValueError(
                 f'{phase["name"]}: "soup_of" names two or more earlier phases of the plan{said}'
             )
-        models = {name: self.runs / name / "model" for name in phase["soup_of"]}
+        return [self.model_of(name) for name in phase["soup_of"]]
+
+    def model_of(self, name: str) -> Path:
+        """A phase's model: the shipped phase's is the shipped weights (its run is an earlier
+        checkout's), any other's its run's."""
         shipped = self.plan.get("shipped", {})
-        if shipped.get("phase") in models:
-            models[shipped["phase"]] = ROOT / shipped["weights"]
-        return list(models.values())
+        if name == shipped.get("phase"):
+            return ROOT / shipped["weights"]
+        return self.runs / name / "model"
 
     def inputs(self, phase: dict) -> set[Path]:
         """The models a phase not yet run starts from (a soup: the ones it averages)."""
@@ -165,11 +168,10 @@ class Plan:
                     f"plan ({', '.join(earlier) or 'none'})"
                 )
             i = 1 + earlier.index(phase["from"])
-        if i > 0 and self.phases[i - 1]["name"] == self.plan.get("shipped", {}).get("phase"):
-            return ROOT / self.plan["shipped"]["weights"]
         if i > 0:
-            before, model = self.phases[i - 1], self.run_dir(self.phases[i - 1]) / "model"
-            if self.shipped(before) and not model.exists():  # not the shipped weights: said
+            before = self.phases[i - 1]
+            model = self.model_of(before["name"])
+            if self.shipped(before) and not model.exists():  # a step inside the weights: said
                 raise ValueError(
                     f"{phase['name']}: starts from {before['name']}, a phase before the shipped "
                     f"one, whose model is not at hand ({model}): keep it (the plan's keep) in "
