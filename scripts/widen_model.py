@@ -103,17 +103,58 @@ def largest_change(a: TransformerXL, b: TransformerXL, ids: torch.Tensor, segmen
     return worst
 
 
+@torch.no_grad()
+def twins_apart(wide: TransformerXL, heads: int = 2, inner: int = 2) -> list[dict]:
+    """How far training set each layer's twins apart: ||original - twin|| / ||original||
+    over the queries of the heads (``heads``: the times ``widen`` multiplied them) and over
+    W_1's rows of the feed-forward units, per layer. 0 for twins still identical (so the
+    wider model is still the narrow one); ``--noise`` is where they start."""
+    c = wide.config
+    H, Dh, F = c.n_head // heads, c.d_head, c.d_inner // inner
+
+    def apart(w: torch.Tensor, originals: int) -> float:  # rows: originals, then twins
+        w = w.float()
+        first = w[:originals]
+        twins = w[originals:].view(-1, *first.shape)  # [copies - 1, originals, ...]
+        return float((twins - first).norm() / (first.norm() * len(twins) ** 0.5))
+
+    out = []
+    for layer in wide.layers:
+        q = layer.attn.qkv.weight.chunk(3)[0]  # [heads H Dh, d]
+        out.append({
+            "heads": apart(q, H * Dh) if heads > 1 else 0.0,
+            "ff": apart(layer.ff.fc1.weight, F) if inner > 1 else 0.0,
+        })  # fmt: skip
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", type=Path, help="a model folder (config + safetensors)")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", type=Path, help="where the wider model goes")
+    p.add_argument(
+        "--apart", action="store_true", help="read how far a widened MODEL's twins are apart"
+    )
     p.add_argument("--heads", type=int, default=2, help="times the heads (default 2)")
     p.add_argument("--inner", type=int, default=2, help="times the FF units (default 2)")
     p.add_argument("--noise", type=float, default=1e-3, help="on the twins, x each std")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--text", type=Path, help="read the change on this text (default: random)")
     args = p.parse_args(argv)
+    if not args.apart and args.out is None:
+        p.error("--out is required (or --apart to read a widened model)")
     model = TransformerXL.from_pretrained(str(args.model)).float().eval()
+    if args.apart:
+        if model.config.n_head % args.heads or model.config.d_inner % args.inner:
+            raise SystemExit(
+                f"widen_model: {args.model} has {model.config.n_head} heads and d_inner "
+                f"{model.config.d_inner}: not --heads {args.heads} / --inner {args.inner} "
+                "times a narrower model"
+            )
+        for i, layer in enumerate(twins_apart(model, args.heads, args.inner)):
+            print(f"layer {i}: heads' twins {layer['heads']:.4f} apart, "
+                  f"feed-forward twins {layer['ff']:.4f}")  # fmt: skip
+        return 0
     try:
         wide = widen(model, args.heads, args.inner, args.noise, args.seed)
     except ValueError as e:

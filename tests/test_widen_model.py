@@ -69,3 +69,30 @@ def test_the_cli_writes_a_model_that_loads(widen_model, tmp_path, capsys):
     assert "heads 2 -> 4, d_inner 32 -> 64" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="heads and inner must be >= 1"):
         widen_model.main([str(tmp_path / "small"), "--out", str(tmp_path / "x"), "--heads", "0"])
+
+
+def test_twins_apart_reads_how_far_the_twins_are_from_their_originals(widen_model):
+    model = tiny()
+    same = widen_model.twins_apart(widen_model.widen(model, noise=0.0))
+    assert same == [{"heads": 0.0, "ff": 0.0}] * len(model.layers)
+    # the noise is that share of each weight's std, so about that share of its norm
+    apart = widen_model.twins_apart(widen_model.widen(model, noise=1e-2, seed=3))
+    for layer in apart:
+        assert 3e-3 < layer["heads"] < 3e-2 and 3e-3 < layer["ff"] < 3e-2
+    # a model widened in the heads alone has no feed-forward twins to read
+    heads_only = widen_model.widen(model, heads=2, inner=1, noise=1e-2)
+    assert all(layer["ff"] == 0.0 for layer in widen_model.twins_apart(heads_only, inner=1))
+
+
+def test_the_cli_reads_a_widened_model_and_says_what_it_needs(widen_model, tmp_path, capsys):
+    tiny().save_pretrained(tmp_path / "small")
+    widen_model.main([str(tmp_path / "small"), "--out", str(tmp_path / "wide"), "--noise", "0"])
+    capsys.readouterr()
+    widen_model.main([str(tmp_path / "wide"), "--apart"])
+    read = capsys.readouterr().out
+    assert "layer 0: heads' twins 0.0000 apart, feed-forward twins 0.0000" in read
+    with pytest.raises(SystemExit, match="not --heads 3"):
+        widen_model.main([str(tmp_path / "wide"), "--apart", "--heads", "3"])
+    with pytest.raises(SystemExit):  # neither where to write nor --apart
+        widen_model.main([str(tmp_path / "small")])
+    assert "--out is required" in capsys.readouterr().err
