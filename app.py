@@ -33,6 +33,13 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # monitoring page: 20 ms of CPU per event once that many ran (a Step costs less). Every
 # 100 events is plenty.
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
+# Before torch is imported (OpenMP reads it once, as it loads): OpenMP's idle threads sleep
+# at once instead of spinning. A Score's chunks run with two torch threads, and after each
+# parallel op the team's other thread spun on, taking a core from the two windows the
+# Score runs side by side and from other visitors' Steps: /score 2,000 characters 11.33 s
+# against 12.39 (medians of 4, the same checkout's app with and without it, in turn;
+# docs/performance.md). Steps run on one thread, where OpenMP has no team to idle.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import inspect  # noqa: E402
 import signal  # noqa: E402

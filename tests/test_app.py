@@ -7,6 +7,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -668,3 +670,27 @@ def test_a_missing_default_model_is_an_error_not_a_crash(tmp_path, monkeypatch):
     assert "No model loaded" in txl_app.watch.model_info()
     with pytest.raises(gr.Error, match="No model is loaded"):
         txl_app.watch.step("ROMEO:", True, MEM_LEN, 0.8, 0, 1.0, 0, None, None, None)
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_idles_asleep_from_before_torch_loads(given, expected):
+    """app.py sets OMP_WAIT_POLICY before anything imports torch (OpenMP reads it once, as
+    it loads: set later, it does nothing), and a visitor's own setting stays."""
+    watch = (
+        "import os, sys\n"
+        "class Watch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            print('torch loads with', os.environ.get('OMP_WAIT_POLICY'), flush=True)\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "import app\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    root = Path(app.__file__).resolve().parent
+    out = subprocess.run(
+        [sys.executable, "-c", watch], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[0] == f"torch loads with {expected}"
