@@ -19,7 +19,8 @@ TXL_MEMORY_BUDGET_MB (all sessions' memories together, default half the machine'
 beyond it idle sessions' memories wait on disk), TXL_OFFLOAD_DISK_MB (the disk they may
 take, default half the free space of the temporary folder's disk),
 TXL_TORCH_THREADS (torch threads per model call, default 1), TXL_MODEL_DIRS (folders,
-separated by os.pathsep, besides the app's own, that the Load box may read models from).
+separated by os.pathsep, besides the app's own, that the Load box may read models from),
+OMP_WAIT_POLICY (PASSIVE unless set: see below).
 """
 
 from __future__ import annotations

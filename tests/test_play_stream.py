@@ -4,9 +4,11 @@ last message says; the page's other streams send their views packed."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
+import weakref
 from types import SimpleNamespace
 
 import gradio as gr
@@ -79,9 +81,19 @@ def start_state(txl_app):
     return state
 
 
+_VISITOR_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NEW_KEYS = itertools.count()
+
+
 def visitor(state):
-    """A stand-in for the Gradio request of the page that owns ``state``: its key."""
-    return SimpleNamespace(session_hash=f"visitor-{id(state)}")
+    """A stand-in for the Gradio request of the page that owns ``state``: its key, one per
+    state for the whole run. Not ``id(state)``: a later test's state can get a freed one's
+    id, and PlayControl would take it for that visitor, its Play 1 already paused (a CI run
+    failed so: the stream stopped before its first step)."""
+    if state is None:  # a request before the visitor has a state
+        return SimpleNamespace(session_hash="visitor-without-state")
+    key = _VISITOR_KEYS.setdefault(state, f"visitor-{next(_NEW_KEYS)}")
+    return SimpleNamespace(session_hash=key)
 
 
 def play(txl_app, state, play_id=1):
