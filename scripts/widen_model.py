@@ -110,6 +110,11 @@ def twins_apart(wide: TransformerXL, heads: int = 2, inner: int = 2) -> list[dic
     W_1's rows of the feed-forward units, per layer. 0 for twins still identical (so the
     wider model is still the narrow one); ``--noise`` is where they start."""
     c = wide.config
+    if heads < 1 or inner < 1 or c.n_head % heads or c.d_inner % inner:
+        raise ValueError(
+            f"{c.n_head} heads and d_inner {c.d_inner}: not --heads {heads} / --inner {inner} "
+            "times a narrower model"
+        )
     H, Dh, F = c.n_head // heads, c.d_head, c.d_inner // inner
 
     def apart(w: torch.Tensor, originals: int) -> float:  # rows: originals, then twins
@@ -145,13 +150,11 @@ def main(argv=None) -> int:
         p.error("--out is required (or --apart to read a widened model)")
     model = TransformerXL.from_pretrained(str(args.model)).float().eval()
     if args.apart:
-        if model.config.n_head % args.heads or model.config.d_inner % args.inner:
-            raise SystemExit(
-                f"widen_model: {args.model} has {model.config.n_head} heads and d_inner "
-                f"{model.config.d_inner}: not --heads {args.heads} / --inner {args.inner} "
-                "times a narrower model"
-            )
-        for i, layer in enumerate(twins_apart(model, args.heads, args.inner)):
+        try:
+            apart = twins_apart(model, args.heads, args.inner)
+        except ValueError as e:
+            raise SystemExit(f"widen_model: {args.model}: {e}") from None
+        for i, layer in enumerate(apart):
             print(f"layer {i}: heads' twins {layer['heads']:.4f} apart, "
                   f"feed-forward twins {layer['ff']:.4f}")  # fmt: skip
         return 0
