@@ -279,10 +279,15 @@ def train_phase(plan: Plan, phase: dict, data: Path, python: str, threads: int) 
 
 def widened(plan: Plan, phase: dict, start: Path, python: str) -> Path:
     """The phase's start model widened as its ``"widen"`` says ({"heads", "inner", "noise",
-    "seed"}: scripts/widen_model.py's flags), in runs/<phase>-start; the phase's ``train``
-    gives the wider n_head and d_inner its config must have."""
+    "seed", "fresh": true}: scripts/widen_model.py's flags), in runs/<phase>-start; the
+    phase's ``train`` gives the wider n_head and d_inner its config must have."""
     wide = plan.runs / f"{phase['name']}-start"
-    flags = [f"--{key}={value}" for key, value in phase["widen"].items()]
+    flags = []  # {"noise": 0.01} -> --noise=0.01, {"fresh": true} -> --fresh
+    for key, value in phase["widen"].items():
+        if value is True:
+            flags.append(f"--{key}")
+        elif value is not False:
+            flags.append(f"--{key}={value}")
     widen = [str(ROOT / "scripts" / "widen_model.py"), str(start), "--out", str(wide), *flags]
     subprocess.run([python, *widen], cwd=ROOT, check=True)
     return wide

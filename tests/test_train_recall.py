@@ -387,14 +387,15 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
 
 
-def test_a_widen_phase_trains_the_start_model_made_wider(driver, tmp_path):
+@pytest.mark.parametrize("how", [{"noise": 0.001}, {"fresh": True}])
+def test_a_widen_phase_trains_the_start_model_made_wider(driver, tmp_path, how):
     # b starts from a's model with twice the heads and FF units (scripts/widen_model.py),
-    # its config the wider one its "train" names
+    # twins or fresh units as "widen" says, its config the wider one its "train" names
     from txl import TransformerXL
 
     data = plays(tmp_path / "plays.txt")
     plan = json.loads(plan_file(tmp_path / "p.json", n_head=4, d_inner=64).read_text())
-    plan["phases"][1]["widen"] = {"heads": 2, "inner": 2, "noise": 0.001}
+    plan["phases"][1]["widen"] = {"heads": 2, "inner": 2, **how}
     (tmp_path / "p.json").write_text(json.dumps(plan))
     runs = tmp_path / "runs"
     driver.main(["--data", str(data), "--threads", "1", "--plan", str(tmp_path / "p.json"),
@@ -403,6 +404,9 @@ def test_a_widen_phase_trains_the_start_model_made_wider(driver, tmp_path):
     trained = TransformerXL.from_pretrained(str(runs / "b" / "model"))
     assert (start.config.n_head, start.config.d_inner) == (4, 64)
     assert (trained.config.n_head, trained.config.d_inner) == (4, 64)
+    w_o = start.layers[0].attn.out.weight  # [d, 4 heads x d_head]: the new heads' half last
+    new_heads_out = w_o[:, w_o.shape[1] // 2 :]
+    assert bool((new_heads_out == 0).all()) == ("fresh" in how)  # fresh: the new heads silent
     ran = json.loads((runs / "b" / "run.json").read_text())["train"]
     assert ran["init_from"] == str(runs / "b-start")
 

@@ -74,7 +74,9 @@ def test_the_cli_writes_a_model_that_loads(widen_model, tmp_path, capsys):
 def test_twins_apart_reads_how_far_the_twins_are_from_their_originals(widen_model):
     model = tiny()
     same = widen_model.twins_apart(widen_model.widen(model, noise=0.0))
-    assert same == [{"heads": 0.0, "ff": 0.0}] * len(model.layers)
+    # twins: identical, and each as loud as its original (half a column each)
+    twins = {"heads": 0.0, "ff": 0.0, "heads_out": 1.0, "ff_out": 1.0}
+    assert same == [pytest.approx(twins, abs=1e-6)] * len(model.layers)
     # the noise is that share of each weight's std, so about that share of its norm
     apart = widen_model.twins_apart(widen_model.widen(model, noise=1e-2, seed=3))
     for layer in apart:
@@ -90,9 +92,35 @@ def test_the_cli_reads_a_widened_model_and_says_what_it_needs(widen_model, tmp_p
     capsys.readouterr()
     widen_model.main([str(tmp_path / "wide"), "--apart"])
     read = capsys.readouterr().out
-    assert "layer 0: heads' twins 0.0000 apart, feed-forward twins 0.0000" in read
+    assert "layer 0: heads' twins 0.0000 apart, feed-forward twins 0.0000; " in read
+    assert "output weights 1.0000 (heads) and 1.0000 (feed-forward) of the originals'" in read
     with pytest.raises(SystemExit, match="not --heads 3"):
         widen_model.main([str(tmp_path / "wide"), "--apart", "--heads", "3"])
     with pytest.raises(SystemExit):  # neither where to write nor --apart
         widen_model.main([str(tmp_path / "small")])
     assert "--out is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pre_lnorm": True}, {"untie_r": False}])
+def test_fresh_units_compute_the_same_and_learn_their_own_way(widen_model, overrides):
+    """--fresh: new heads and units of their own (not twins), silent at the start (their
+    output columns zero, so the model computes what it did), and a gradient reaches their
+    output columns from the first step, where a twin's would equal its original's."""
+    model = tiny(**overrides)
+    wide = widen_model.widen(model, heads=2, inner=2, fresh=True, seed=3)
+    ids = torch.randint(5, (40,), generator=torch.Generator().manual_seed(1))
+    assert widen_model.largest_change(model, wide, ids, segments=5) < 1e-5
+    assert [(r["heads_out"], r["ff_out"]) for r in widen_model.twins_apart(wide)] == [
+        (0.0, 0.0)
+    ] * 2
+    with torch.no_grad():  # the new heads attend their own way
+        a = wide(ids[:8].view(1, -1), output_attentions=True).attentions[0]
+    assert (a[:, 2:] - a[:, :2]).abs().max() > 1e-3
+    wide.train()
+    logits = wide(ids[:8].view(1, -1)).logits
+    torch.nn.functional.cross_entropy(logits[0, :-1], ids[1:8]).backward()
+    for layer in wide.layers:
+        assert layer.attn.out.weight.grad[:, 16:].abs().max() > 0  # the new heads' columns
+        assert layer.ff.fc2.weight.grad[:, 32:].abs().max() > 0  # the new units' columns
+    with pytest.raises(ValueError, match="fresh units start apart"):
+        widen_model.widen(model, noise=1e-3, fresh=True)
