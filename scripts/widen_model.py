@@ -106,7 +106,7 @@ def widen(
             state[name] = grown(w, H, heads)
         elif name.endswith("attn.out.weight"):  # W_o: [d, H Dh]
             state[name] = shared_out(w, H, heads)
-        elif leaf in ("u", "v"):  # [H, Dh]: a twin's biases are its original's
+        elif leaf in ("u", "v"):  # [H, Dh]: a twin's biases are its original's; fresh: drawn
             state[name] = grown(w, H, heads, jittered=fresh)
         elif name.endswith("ff.fc1.weight"):  # W_1: [d_inner, d]
             state[name] = grown(w, c.d_inner, inner)
