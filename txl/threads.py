@@ -4,7 +4,7 @@ torch's intra-op thread count is set per OS thread (``torch.set_num_threads``), 
 thread starts with the count last set anywhere. Tasks that share nothing (the same text
 read with two memory lengths) can each take one core and one torch thread: they never wait
 on each other, as the threads of one product do. The caller decides how many run at once
-(``Session.score_stages``' ``pace``: in the app, the server's scheduler, which knows how
+(``txl.scoring.score_stages``' ``pace``: in the app, the server's scheduler, which knows how
 many cores its visitors leave free).
 """
 
