@@ -69,3 +69,15 @@ def test_side_by_side_keeps_one_pool_of_threads_and_ends_each_group_together():
     with pytest.raises(ValueError, match="boom"):
         side_by_side([fails_once_the_other_runs, the_other], at_once=2)
     assert finished.is_set()
+
+
+def test_a_task_that_leaves_other_torch_threads_does_not_pass_them_on():
+    """Each task beside the first runs with one torch thread, whatever count an earlier
+    task left on the pool thread it reuses."""
+
+    def leaves_two():
+        torch.set_num_threads(2)
+
+    for _ in range(3 * MAX_SIDE_TASKS):  # the pool's threads are reused: each met again
+        side_by_side([lambda: None, leaves_two], at_once=2)
+        assert side_by_side([lambda: None, torch.get_num_threads], at_once=2)[1] == 1

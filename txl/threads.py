@@ -23,8 +23,12 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def _one_torch_thread() -> None:
-    torch.set_num_threads(1)  # per OS thread: a new one starts with the count last set anywhere
+def _alone(task):
+    """``task`` with one torch thread on this pool thread: set for each task, since a pool
+    thread keeps whatever count its last task left (and starts with the last set anywhere)."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+    return task()
 
 
 def _side_pool() -> ThreadPoolExecutor:
@@ -33,9 +37,7 @@ def _side_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(
-                MAX_SIDE_TASKS, thread_name_prefix="txl-task", initializer=_one_torch_thread
-            )
+            _pool = ThreadPoolExecutor(MAX_SIDE_TASKS, thread_name_prefix="txl-task")
         return _pool
 
 
@@ -49,7 +51,7 @@ def side_by_side(tasks, at_once: int) -> list:
     pool = _side_pool()
     for i in range(0, len(tasks), at_once):
         group = tasks[i : i + at_once]
-        others = [pool.submit(task) for task in group[1:]]
+        others = [pool.submit(_alone, task) for task in group[1:]]
         try:
             with torch_threads(1, restore=torch.get_num_threads()):
                 first = group[0]()
