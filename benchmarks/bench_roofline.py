@@ -49,17 +49,20 @@ SCORE_CHARS, SCORE_MEM = 2000, 128
 # ---- the arithmetic and the bytes, counted from the config --------------------------------
 
 
-def window_flops(c: dict, W: int) -> int:
+def window_flops(c: dict, W: int, first_layer_lookup: bool = False) -> int:
     """Multiply-adds x 2 of one window of W tokens read alone, the top layer for its last
     query alone (txl.scoring.window_forward): per layer, each token's projections (q, k, v:
     3 H Dh x d; out: d x H Dh), its feed-forward (2 d x d_inner) and its attention over the
     W keys (content, position, values: 3 H Dh W: the masked half is computed too); the top
-    layer makes every token's keys and values and one query's rest; then the output layer."""
+    layer makes every token's keys and values and one query's rest; then the output layer.
+    first_layer_lookup: layer 0's q, k, v looked up per token (``first_layer_qkv``, from
+    issue 44's last lever), not products (the table's own few rows are not counted)."""
     d, hd, di, V = c["d_model"], c["n_head"] * c["d_head"], c["d_inner"], c["vocab_size"]
     token = 3 * hd * d + hd * d + 2 * d * di + 3 * hd * W  # one position of one layer
     lower = (c["n_layer"] - 1) * W * token
     top = W * 2 * hd * d + token - 2 * hd * d  # keys and values of all, one query's rest
-    return 2 * (lower + top + d * V)
+    looked_up = W * 3 * hd * d if first_layer_lookup and c["n_layer"] > 1 else 0
+    return 2 * (lower + top - looked_up + d * V)
 
 
 def step_bytes(c: dict, n_params: int, mem: int, element: int = 4) -> int:
@@ -110,6 +113,7 @@ if measure == "window":
     text_ids = ids[: WINDOW + n]
     result["seconds"] = _timed(lambda: sliding_nll(model, text_ids, WINDOW, WINDOW, WINDOW + n))
     result["windows"] = n
+    result["first_layer_lookup"] = hasattr(model, "first_layer_qkv")
 elif measure == "step":
     s = Session(model, mem_len=GEN_MEM, seed=0)
     s.counterfactual = False
@@ -237,7 +241,6 @@ def main() -> int:
     def median(label, threads, name, key):
         return statistics.median(run[key] for run in runs[(label, threads, name)])
 
-    flops = window_flops(config, WINDOW)
     rows, out = [], {}
     for label, measure, threads, _ in plan:
         for name in checkouts:
@@ -247,6 +250,8 @@ def main() -> int:
             entry = dict(matmul_fp32_gflops=fp32, matmul_bf16_gflops=bf16, bandwidth_gbs=bw)
             if measure == "window":
                 s = median(label, threads, name, "seconds")
+                lookup = runs[(label, threads, name)][0]["first_layer_lookup"]
+                flops = window_flops(config, WINDOW, lookup)  # what this checkout computes
                 rate = flops * args.windows / s / 1e9
                 entry.update(ms_per_window=1e3 * s / args.windows, gflops=rate, of_fp32=rate / fp32)
                 what = (f"{entry['ms_per_window']:.2f} ms/window, {rate:.1f} GFLOP/s = "
@@ -270,7 +275,9 @@ def main() -> int:
             rows.append((title, name, what, fp32, bw))
 
     print(f"\nmedians of {args.rounds} rounds, load average {load[0]:.1f} -> {load[1]:.1f}")
-    print(f"the window: {flops / 1e9:.3f} GFLOP each; a cached step at memory {GEN_MEM}: "
+    flops = window_flops(config, WINDOW), window_flops(config, WINDOW, True)
+    print(f"the window: {flops[0] / 1e9:.3f} GFLOP each ({flops[1] / 1e9:.3f} with layer 0's "
+          f"projections looked up); a cached step at memory {GEN_MEM}: "
           f"{step_bytes(config, n_params, GEN_MEM) / 1e6:.1f} MB read")  # fmt: skip
     for what, name, figures, fp32, bw in rows:
         print(f"  {what:<22} {name:<9} {figures}   [fp32 {fp32:.0f} GFLOP/s, {bw:.1f} GB/s]")

@@ -30,15 +30,21 @@ def one_window(model, ids: torch.Tensor, p: int, window: int) -> torch.Tensor:
     return torch.log_softmax(model(x, mem_len=x.size(1)).logits[0, -1].double(), -1)
 
 
+# Layouts whose layer 0 the windows treat apart: its projections looked up per token
+# (after the LayerNorm with pre_lnorm), and with one layer also the top (one query).
+LAYOUTS = {"post-norm": {}, "pre-norm": dict(pre_lnorm=True), "one layer": dict(n_layer=1)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("same_length", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("seed", range(3))
-def test_window_batches_equal_one_forward_per_window(dtype, same_length, seed):
+def test_window_batches_equal_one_forward_per_window(dtype, same_length, layout, seed):
     """Random texts, random positions (short windows at the text's start, full ones, the
     token after the text, repeats, any order), any batch size: every window's scores are
     those of the model run on that window alone."""
     rng = random.Random(seed)
-    model = tiny_model(seed=seed, same_length=same_length).to(dtype)
+    model = tiny_model(seed=seed, same_length=same_length, **LAYOUTS[layout]).to(dtype)
     L, window = rng.randint(20, 60), rng.choice([1, 3, 7, 16])
     ids = torch.tensor([rng.randrange(len(VOCAB)) for _ in range(L)])
     positions = [rng.randint(1, L) for _ in range(rng.randint(1, 25))]
@@ -54,6 +60,25 @@ def test_window_batches_equal_one_forward_per_window(dtype, same_length, seed):
         # every position asked once: the short windows first, each group in the order asked
         short = [p for p in positions if p < window]
         assert seen == short + [p for p in positions if p >= window]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_first_layer_qkv_is_what_layer_0_projects_in_a_forward(layout):
+    """The per-token table of layer 0's projections equals the projections layer 0 makes of
+    the same tokens inside a forward, at every position of a segment with memory."""
+    model = tiny_model(seed=5, **LAYOUTS[layout]).double()
+    ids = torch.tensor([random.Random(5).randrange(len(VOCAB)) for _ in range(12)])
+    seen = []
+    hook = model.layers[0].attn.qkv.register_forward_hook(lambda m, i, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            out = model(ids[:6].unsqueeze(0))
+            model(ids[6:].unsqueeze(0), mems=out.mems)  # the second segment, with memory
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        table = model.first_layer_qkv(ids)  # [12, 3·H·Dh]
+    torch.testing.assert_close(table, torch.cat(seen, dim=1)[0], rtol=0, atol=1e-12)
 
 
 def test_window_logits_and_sliding_nll_agree_with_the_batches():

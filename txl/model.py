@@ -166,21 +166,27 @@ class RelMultiHeadAttention(nn.Module):
         need_probs: bool,
         need_terms: bool = False,
         last_query: bool = False,
+        qkv: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """(output [B, T, d], attention probabilities or None, score_terms or None).
 
         last_query: the output of the last position only, [B, 1, d] (the top layer of a
         forward that wants the last logits): every position's keys and values are still
         made (they join the memory), but one query, one attention row and one FF row
-        instead of T, about 5/6 of the layer's work saved."""
+        instead of T, about 5/6 of the layer's work saved.
+        qkv: [B, T, 3·H·Dh] the projections [q | k | v] of h, when the caller has them
+        (layer 0's, looked up per token: ``TransformerXL.first_layer_qkv``)."""
         x = self.norm(h) if self.pre_lnorm else h
-        if last_query:
+        if last_query and qkv is None:
             k, v = self.project_kv(h)  # [B, H, T, Dh]
             w_q = self.qkv.weight[: self.n_head * self.d_head]
             q = self._heads(F.linear(x[:, -1:], w_q))  # [B, H, 1, Dh]
-            h, mask = h[:, -1:], (None if mask is None else mask[-1:])  # [B, 1, d], [1, K]
         else:
-            q, k, v = (self._heads(t) for t in self.qkv(x).chunk(3, dim=-1))  # [B, H, T, Dh]
+            qkv = self.qkv(x) if qkv is None else qkv  # [B, T, 3·H·Dh]
+            q, k, v = (self._heads(t) for t in qkv.chunk(3, dim=-1))  # [B, H, T, Dh]
+            q = q[:, :, -1:] if last_query else q
+        if last_query:
+            h, mask = h[:, -1:], (None if mask is None else mask[-1:])  # [B, 1, d], [1, K]
         k, v = memory_kv(k, v)  # prepend the memory's keys and values: [B, H, K, Dh]
 
         # A[i, j] = (a) q_i·k_j + (c) u·k_j + (b) q_i·W_r R_Δ + (d) v·W_r R_Δ, Δ = M + i - j
@@ -230,10 +236,20 @@ class XLLayer(nn.Module):
             self.v = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
 
     def forward(
-        self, h, memory_kv, r_k, u, v, mask, need_probs, need_terms=False, last_query=False
+        self,
+        h,
+        memory_kv,
+        r_k,
+        u,
+        v,
+        mask,
+        need_probs,
+        need_terms=False,
+        last_query=False,
+        qkv=None,
     ):
         h, probs, terms = self.attn(
-            h, memory_kv, r_k, u, v, mask, need_probs, need_terms, last_query
+            h, memory_kv, r_k, u, v, mask, need_probs, need_terms, last_query, qkv
         )
         return self.ff(h), probs, terms
 
@@ -347,6 +363,16 @@ class TransformerXL(
         """Token embedding scaled by sqrt(d_model): [B, T] -> [B, T, d]."""
         return self.embedding(input_ids) * math.sqrt(self.config.d_model)
 
+    def first_layer_qkv(self, input_ids: Tensor) -> Tensor:
+        """Layer 0's projections [q | k | v] of each token, [..., 3·H·Dh] (inference: no
+        dropout). Layer 0's input is the token's embedding alone (positions enter through
+        the scores, not the input), so a token's projections are the same wherever it
+        stands: windows that overlap look them up (txl.scoring.window_forward) instead of
+        making them again for every copy of the token."""
+        attn = self.layers[0].attn
+        h = self.embed(input_ids)
+        return attn.qkv(attn.norm(h) if attn.pre_lnorm else h)
+
     def lm_head(self, h: Tensor) -> Tensor:
         """Scores of the next token, [B, T, d] -> [B, T, vocab]: the tied output layer
         h E^T + b, or the adaptive softmax's log-probabilities."""
@@ -382,20 +408,39 @@ class TransformerXL(
             raise ValueError(f"token ids must lie in 0..{self.config.vocab_size - 1}")
 
     def run_layers(
-        self, h, memory_kv, r_k, mask, output_attentions, output_terms=False, last_only=False
+        self,
+        h,
+        memory_kv,
+        r_k,
+        mask,
+        output_attentions,
+        output_terms=False,
+        last_only=False,
+        first_qkv=None,
     ):
         """Run every layer; memory_kv[l] prepends layer l's memory to its keys and values.
         Returns the output, each layer's input, the attentions and the score terms (each
         None unless asked for). last_only: the output of the last position only, [B, 1, d]
-        (the top layer then runs one query; attentions and terms need every row)."""
+        (the top layer then runs one query; attentions and terms need every row).
+        first_qkv: layer 0's projections of h when the caller has them (``first_layer_qkv``)."""
         inputs, attentions, terms = [], [], []
         top_query_only = last_only and not (output_attentions or output_terms)
         for i, layer in enumerate(self.layers):
             inputs.append(h)
             u, v = self.biases(i)
             last_query = top_query_only and i == len(self.layers) - 1
+            qkv = first_qkv if i == 0 else None
             h, probs, layer_terms = layer(
-                h, memory_kv[i], r_k[i], u, v, mask, output_attentions, output_terms, last_query
+                h,
+                memory_kv[i],
+                r_k[i],
+                u,
+                v,
+                mask,
+                output_attentions,
+                output_terms,
+                last_query,
+                qkv,
             )
             attentions.append(probs)
             terms.append(layer_terms)

@@ -114,14 +114,19 @@ def window_forward(model: TransformerXL, windows: Tensor) -> Tensor:
     the top layer for the last query alone. The same arithmetic as
     ``cached_forward(model, windows, None, mem_len=W, last_only=True)`` without the KV
     memory that call builds (and a window never uses): mem_len = W, so same_length hides
-    nothing inside a window."""
+    nothing inside a window. Layer 0's projections are made once for each distinct token
+    and looked up: overlapping windows hold every token up to W times."""
     N, W = windows.shape
     with torch.inference_mode():
         h = model.embed(windows)  # [N, W, d]
+        tokens, index = windows.unique(return_inverse=True)  # [U], [N, W]
+        first_qkv = model.first_layer_qkv(tokens)[index]  # [N, W, 3·H·Dh]
         r_k = position_keys(model, W, h.device, h.dtype)  # per layer [H, W, Dh]
         mask = model.attention_mask(W, 0, W, h.device)  # [W, W]: causal
         alone = [_alone] * len(model.layers)
-        h, *_ = model.run_layers(h, alone, r_k, mask, False, last_only=True)  # [N, 1, d]
+        h, *_ = model.run_layers(  # [N, 1, d]
+            h, alone, r_k, mask, False, last_only=True, first_qkv=first_qkv
+        )
         return model.lm_head(h[:, -1])  # [N, V]
 
 
