@@ -144,9 +144,13 @@ class RelMultiHeadAttention(nn.Module):
         B, S, _ = x.shape
         return x.view(B, S, self.n_head, self.d_head).transpose(1, 2)
 
+    def normed(self, h: Tensor) -> Tensor:
+        """What the projections read: h, after the LayerNorm when pre_lnorm."""
+        return self.norm(h) if self.pre_lnorm else h
+
     def project_kv(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values [B, H, S, Dh] of hidden states h [B, S, d] (memory or segment)."""
-        x = self.norm(h) if self.pre_lnorm else h
+        x = self.normed(h)
         w_kv = self.qkv.weight[self.n_head * self.d_head :]
         k, v = F.linear(x, w_kv).chunk(2, dim=-1)
         return self._heads(k), self._heads(v)
@@ -176,7 +180,7 @@ class RelMultiHeadAttention(nn.Module):
         instead of T, about 5/6 of the layer's work saved.
         qkv: [B, T, 3·H·Dh] the projections [q | k | v] of h, when the caller has them
         (layer 0's, looked up per token: ``TransformerXL.first_layer_qkv``)."""
-        x = self.norm(h) if self.pre_lnorm else h
+        x = self.normed(h)
         if last_query and qkv is None:
             k, v = self.project_kv(h)  # [B, H, T, Dh]
             w_q = self.qkv.weight[: self.n_head * self.d_head]
@@ -370,8 +374,7 @@ class TransformerXL(
         stands: windows that overlap look them up (txl.scoring.window_forward) instead of
         making them again for every copy of the token."""
         attn = self.layers[0].attn
-        h = self.embed(input_ids)
-        return attn.qkv(attn.norm(h) if attn.pre_lnorm else h)
+        return attn.qkv(attn.normed(self.embed(input_ids)))
 
     def lm_head(self, h: Tensor) -> Tensor:
         """Scores of the next token, [B, T, d] -> [B, T, vocab]: the tied output layer
