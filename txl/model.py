@@ -150,7 +150,10 @@ class RelMultiHeadAttention(nn.Module):
 
     def project_kv(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values [B, H, S, Dh] of hidden states h [B, S, d] (memory or segment)."""
-        x = self.normed(h)
+        return self._kv(self.normed(h))
+
+    def _kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values [B, H, S, Dh] of x = normed(h) [B, S, d]."""
         w_kv = self.qkv.weight[self.n_head * self.d_head :]
         k, v = F.linear(x, w_kv).chunk(2, dim=-1)
         return self._heads(k), self._heads(v)
@@ -180,13 +183,13 @@ class RelMultiHeadAttention(nn.Module):
         instead of T, about 5/6 of the layer's work saved.
         qkv: [B, T, 3·H·Dh] the projections [q | k | v] of h, when the caller has them
         (layer 0's, looked up per token: ``TransformerXL.first_layer_qkv``)."""
-        x = self.normed(h)
         if last_query and qkv is None:
-            k, v = self.project_kv(h)  # [B, H, T, Dh]
+            x = self.normed(h)  # normed once, for the keys, values and the one query
+            k, v = self._kv(x)  # [B, H, T, Dh]
             w_q = self.qkv.weight[: self.n_head * self.d_head]
             q = self._heads(F.linear(x[:, -1:], w_q))  # [B, H, 1, Dh]
         else:
-            qkv = self.qkv(x) if qkv is None else qkv  # [B, T, 3·H·Dh]
+            qkv = self.qkv(self.normed(h)) if qkv is None else qkv  # [B, T, 3·H·Dh]
             q, k, v = (self._heads(t) for t in qkv.chunk(3, dim=-1))  # [B, H, T, Dh]
             q = q[:, :, -1:] if last_query else q
         if last_query:
