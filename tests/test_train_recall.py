@@ -167,7 +167,9 @@ def test_a_run_saved_in_one_checkout_goes_on_in_another(driver, tmp_path, capfd)
     assert driver.status(tmp_path / "ended" / "b") == "done"
     assert max(losses(tmp_path / "ended" / "b")) == 2
 
-    # ... and a new checkout (nothing in its runs) restores it and goes on from step 2.
+    # ... and a new checkout (nothing in its runs) restores it and goes on from step 2,
+    # though the old checkout, and a's model that b started from with it, are gone.
+    shutil.rmtree(cut)
     new = tmp_path / "new"
     capfd.readouterr()
     driver.main([*args, str(new), "--plan", str(interrupted), "--saved", str(saved)])

@@ -539,7 +539,7 @@ def train(
     torch.manual_seed(args.seed)
     model = TransformerXL(cfg)
     model.reset_parameters(args.init_std)
-    if args.init_from:
+    if args.init_from and not resume:  # a checkpoint holds the weights; its start may be gone
         start_from = TransformerXL.from_pretrained(args.init_from)
         if start_from.config.vocab != cfg.vocab:
             raise SystemExit(f"--init-from {args.init_from}: its vocabulary differs from --data's")
