@@ -6,7 +6,9 @@
 Models trained from the same weights on different texts (or seeds) often lie in one basin
 of the loss, where their mean is a model at least as good as each and sometimes better:
 Wortsman et al. 2022, "Model soups" (arXiv 2203.05482), the uniform soup. Every model must
-have the same config (same shapes, same vocabulary); the soup is written as the models are
+have the same config (same shapes, same vocabulary) but for ``mem_len``, which sets how much
+memory the model keeps when it runs and no weight (the shipped folder says 512 where a
+training run's says 128); the soup keeps the first model's. It is written as the models are
 (config.json + model.safetensors, read by ``TransformerXL.from_pretrained``), in float32
 whatever the ingredients' dtype, with ``soup.json`` naming what went in and, where the
 ingredients' folders hold their training logs (txl.train's log.jsonl), ``loss_curve.png``
@@ -16,6 +18,7 @@ drawing them: a soup has no training curve of its own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -32,7 +35,8 @@ def uniform_soup(models: list[TransformerXL]) -> TransformerXL:
         raise ValueError("a soup needs at least two models")
     first = models[0]
     for other in models[1:]:
-        if other.config != first.config:
+        # mem_len is how much memory a model keeps when it runs, not a weight: the first's
+        if dataclasses.replace(other.config, mem_len=first.config.mem_len) != first.config:
             raise ValueError("the models' configs differ: only models of one config average")
     soup = TransformerXL(first.config)
     states = [m.state_dict() for m in models]

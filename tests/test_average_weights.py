@@ -49,6 +49,16 @@ def test_models_of_other_configs_or_one_model_are_refused(soup):
         soup.uniform_soup([tiny(1)])
 
 
+def test_a_memory_length_apart_is_no_obstacle_and_the_first_models_is_kept(soup):
+    # the shipped folder's config says mem_len 512 where its training run's says 128
+    a, b = tiny(1, mem_len=32), tiny(2, mem_len=8)
+    mixed = soup.uniform_soup([a, b])
+    assert mixed.config == a.config
+    for name, value in mixed.state_dict().items():
+        want = (a.state_dict()[name] + b.state_dict()[name]) / 2
+        torch.testing.assert_close(value, want, rtol=0, atol=1e-6, msg=name)
+
+
 def test_the_script_writes_a_folder_from_pretrained_reads(soup, tmp_path):
     folders = []
     for seed in (1, 2):
