@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/generation_check.py weights/shakespeare-char
     .venv/bin/python scripts/generation_check.py runs/recall/phase7-scenes --only probe
+    .venv/bin/python scripts/generation_check.py weights/shakespeare-char --only real --top-p 0.9
 
 The recall probes (scripts/recall_check.py) hand the model a name's first letters; when it
 writes a scene itself it has to *choose* the speaker. Three readings, seeded, with memory
@@ -26,6 +27,10 @@ writes a scene itself it has to *choose* the speaker. Three readings, seeded, wi
   30-speech scene (consistently, held-out names), the bits of a *returning* speaker's
   heading (one who spoke in the previous M + W characters): its first letter, which only
   the scene's cast predicts, and the rest of the name, which is a copy.
+
+Sampling is the page's: softmax of the logits / temperature, cut to the ``--top-p``
+nucleus (1, the default: no cut; txl.sampling.filter_logits); the readings of a cut run
+are named for it ("memory T=0.8 top-p=0.9").
 
 Generation is batched (every prompt has the same length): the memory side reads the
 prompt in segments of W as the page does and then steps one character at a time over
@@ -53,6 +58,7 @@ from recall_data import SPEECH  # noqa: E402
 from txl.cached import cached_forward  # noqa: E402
 from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: E402
 from txl.recall import LN2  # noqa: E402
+from txl.sampling import filter_logits  # noqa: E402
 from txl.scoring import memory_nll, window_batches  # noqa: E402
 
 PROMPT_CHARS = 1500
@@ -75,19 +81,21 @@ def cast(prompt: str, reach: int) -> set[str]:
 
 @torch.no_grad()
 def generate(model, prompts: list[str], n: int, temperature: float, seed: int,
-             mem_len: int | None) -> list[str]:  # fmt: skip
+             mem_len: int | None, top_p: float = 1.0) -> list[str]:  # fmt: skip
     """``n`` characters after each prompt (all of one length), sampled at ``temperature``
-    from one seeded generator. ``mem_len`` None: through the window of tgt_len, recomputed
-    every step; else with a memory of ``mem_len`` (the prompt read in segments of tgt_len)."""
-    return write(model, prompts, n, temperature, seed, mem_len)[0]
+    (and ``top_p``: the page's nucleus) from one seeded generator. ``mem_len`` None:
+    through the window of tgt_len, recomputed every step; else with a memory of ``mem_len``
+    (the prompt read in segments of tgt_len)."""
+    return write(model, prompts, n, temperature, seed, mem_len, top_p=top_p)[0]
 
 
 @torch.no_grad()
 def write(model, prompts: list[str], n: int, temperature: float, seed: int,
           mem_len: int | None, forced: list[str] | None = None,
-          until: str | None = None):  # fmt: skip
+          until: str | None = None, top_p: float = 1.0):  # fmt: skip
     """``generate``, and the distribution each character was drawn from, [B, n, vocab]
-    (softmax of the logits / ``temperature``). ``forced``: the characters are these texts'
+    (softmax of the logits / ``temperature``, outside the ``top_p`` nucleus none: the
+    page's sampler, txl.sampling.filter_logits). ``forced``: the characters are these texts'
     (teacher forcing, the same steps), not sampled: what the model expected of them.
     ``until`` (two characters): stop once every row has written it (rows then differ in
     what they wrote after it)."""
@@ -106,7 +114,7 @@ def write(model, prompts: list[str], n: int, temperature: float, seed: int,
     for step in range(n):
         if mem_len is None:
             out = cached_forward(model, ids[:, -W:], None, mem_len=W, last_only=True)
-        probs = torch.softmax(out.logits[:, -1].float() / temperature, -1)  # [B, vocab]
+        probs = filter_logits(out.logits[:, -1], temperature, top_p=top_p).softmax(-1)  # [B, V]
         if given is None:
             nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
         else:
@@ -214,6 +222,11 @@ def sides(args) -> list[tuple[str, float, int | None]]:
     ]
 
 
+def label(side: str, temperature: float, args) -> str:
+    """A generation's key in the readings: "memory T=0.8", and " top-p=0.9" when cut."""
+    return f"{side} T={temperature}" + (f" top-p={args.top_p}" if args.top_p < 1 else "")
+
+
 def read_real(model, val, args, known: set[str] = frozenset()) -> dict:
     """``known``: the training text's speakers (what a miss that is the prior's name is)."""
     reach = args.mem_len + model.config.tgt_len
@@ -222,14 +235,16 @@ def read_real(model, val, args, known: set[str] = frozenset()) -> dict:
     casts = [cast(p, reach) for p in prompts]
     result = {"reference": _heading_share(own, casts, known)}
     for side, temperature, mem in sides(args):
-        texts, probs = write(model, prompts, args.chars, temperature, args.seed, mem)
-        result[f"{side} T={temperature}"] = {
+        texts, probs = write(model, prompts, args.chars, temperature, args.seed, mem,
+                             top_p=args.top_p)  # fmt: skip
+        result[label(side, temperature, args)] = {
             **_heading_share(texts, casts, known),
             "cast_probability": cast_probability(texts, probs, casts, model.tokenizer),
             "samples": texts[: args.samples],
         }
         if side == "memory":  # the text's own headings, read the same way
-            _, probs = write(model, prompts, args.chars, temperature, args.seed, mem, own)
+            _, probs = write(model, prompts, args.chars, temperature, args.seed, mem, own,
+                             top_p=args.top_p)  # fmt: skip
             result["reference"][f"cast_probability T={temperature}"] = cast_probability(
                 own, probs, casts, model.tokenizer
             )
@@ -278,14 +293,14 @@ def read_made_up(model, val, args) -> dict:
     prompts = [p for p, _ in scenes]
     result = {}
     for side, temperature, mem in sides(args):
-        texts = generate(model, prompts, args.chars, temperature, args.seed, mem)
+        texts = generate(model, prompts, args.chars, temperature, args.seed, mem, args.top_p)
         exact = begun = total = 0
         for text, (_, names) in zip(texts, scenes):
             for _, written in headings("\n\n" + text):
                 total += 1
                 exact += written in names
                 begun += any(written[:2].upper() == n[:2].upper() for n in names)
-        result[f"{side} T={temperature}"] = {
+        result[label(side, temperature, args)] = {
             "headings": total, "exact": exact, "share": share(exact, total),
             "first_two_letters": share(begun, total),
             "samples": [f"[{', '.join(n)}] {t}" for t, (_, n) in zip(texts, scenes)][
@@ -398,6 +413,12 @@ def main(argv=None) -> int:
     p.add_argument("--chars", type=int, default=600, help="characters generated per prompt")
     p.add_argument("--temperatures", default="0.8", help="comma-separated")
     p.add_argument("--window-temperatures", default="0.8", help="comma-separated")
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="the nucleus sampled from (1: all, the page's default)",
+    )
     p.add_argument("--probe-chars", type=int, default=12000)
     p.add_argument("--only", choices=("probe", "real", "made_up"), action="append")
     p.add_argument("--samples", type=int, default=2, help="generations printed of each")

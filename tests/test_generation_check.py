@@ -13,6 +13,7 @@ import torch
 
 from tests.test_app import tiny_model
 from txl import TransformerXL
+from txl.sampling import filter_logits
 from txl.scoring import memory_nll, sliding_nll
 from txl.tokenizer import CharTokenizer
 
@@ -69,8 +70,9 @@ def test_renamed_text_keeps_every_speech_and_names_each_speaker_one_way_per_scen
         assert not {n for _, n in pairs} & set(SPEAKERS)
 
 
-def reference_generate(model, prompts, n, temperature, seed, mem_len):
-    """The same sampling through the model's plain forward (hidden-state memory)."""
+def reference_generate(model, prompts, n, temperature, seed, mem_len, top_p=1.0):
+    """The same sampling through the model's plain forward (hidden-state memory), from the
+    page's sampler's nucleus (txl.sampling.filter_logits)."""
     W, tok = model.config.tgt_len, model.tokenizer
     ids = torch.tensor([tok.encode(p) for p in prompts])
     generator, mems, written = torch.Generator().manual_seed(seed), None, []
@@ -82,7 +84,7 @@ def reference_generate(model, prompts, n, temperature, seed, mem_len):
         for _ in range(n):
             if mem_len is None:
                 out = model(ids[:, -W:], mem_len=W)
-            p = torch.softmax(out.logits[:, -1].float() / temperature, -1)
+            p = filter_logits(out.logits[:, -1], temperature, top_p=top_p).softmax(-1)
             nxt = torch.multinomial(p, 1, generator=generator)
             written.append(nxt)
             ids = torch.cat([ids, nxt], 1)
@@ -100,6 +102,17 @@ def test_batched_generation_is_the_models_own_sampling_with_memory_and_through_t
         texts = check.generate(model, prompts, 30, 0.8, 7, mem_len)
         assert [len(t) for t in texts] == [30, 30, 30]
         assert texts == reference_generate(model, prompts, 30, 0.8, 7, mem_len)
+
+
+def test_a_nucleus_cut_samples_as_the_page_does_and_names_its_readings(tmp_path):
+    model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m", seed=5)).eval()
+    prompts = [p for p, _ in check.real_scenes(PLAY, 3, 100, seed=1)]
+    whole = check.generate(model, prompts, 30, 1.0, 7, 40)
+    cut = check.generate(model, prompts, 30, 1.0, 7, 40, top_p=0.5)
+    assert cut == reference_generate(model, prompts, 30, 1.0, 7, 40, top_p=0.5) != whole
+    args = check.argparse.Namespace(top_p=0.5)
+    assert check.label("memory", 0.8, args) == "memory T=0.8 top-p=0.5"
+    assert check.label("memory", 0.8, check.argparse.Namespace(top_p=1.0)) == "memory T=0.8"
 
 
 def test_forced_writing_reads_the_given_text_and_the_first_step_is_the_sampled_ones(tmp_path):
@@ -161,7 +174,7 @@ def test_the_real_scenes_reading_reports_choice_and_copy_apart(tmp_path):
 
     model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m", seed=5)).eval()
     args = argparse.Namespace(mem_len=40, scenes=3, chars=60, seed=1, temperatures=[0.8],
-                              window_temperatures=[0.8], samples=1)  # fmt: skip
+                              window_temperatures=[0.8], samples=1, top_p=1.0)  # fmt: skip
     result = check.read_real(model, PLAY, args)
     ref = result["reference"]  # the text's own continuations: its headings are the play's
     scenes = check.real_scenes(PLAY, 3, 60, 1)
