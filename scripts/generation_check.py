@@ -222,9 +222,14 @@ def sides(args) -> list[tuple[str, float, int | None]]:
     ]
 
 
+def sampler(temperature: float, args) -> str:
+    """How a generation was sampled, as its readings are named: "T=0.8", "T=0.8 top-p=0.9"."""
+    return f"T={temperature}" + (f" top-p={args.top_p}" if args.top_p < 1 else "")
+
+
 def label(side: str, temperature: float, args) -> str:
     """A generation's key in the readings: "memory T=0.8", and " top-p=0.9" when cut."""
-    return f"{side} T={temperature}" + (f" top-p={args.top_p}" if args.top_p < 1 else "")
+    return f"{side} {sampler(temperature, args)}"
 
 
 def read_real(model, val, args, known: set[str] = frozenset()) -> dict:
@@ -245,8 +250,8 @@ def read_real(model, val, args, known: set[str] = frozenset()) -> dict:
         if side == "memory":  # the text's own headings, read the same way
             _, probs = write(model, prompts, args.chars, temperature, args.seed, mem, own,
                              top_p=args.top_p)  # fmt: skip
-            result["reference"][f"cast_probability T={temperature}"] = cast_probability(
-                own, probs, casts, model.tokenizer
+            result["reference"][f"cast_probability {sampler(temperature, args)}"] = (
+                cast_probability(own, probs, casts, model.tokenizer)
             )
     return result
 
@@ -386,7 +391,8 @@ def report(source, result: dict, args, window: int) -> str:
         for key, r in result["real"].items():
             for name, c in r.items():
                 if name.startswith("cast_probability"):
-                    who = f"the text itself, {name.split()[-1]}" if key == "reference" else key
+                    who = name.replace("cast_probability", "the text itself,")
+                    who = who if key == "reference" else key
                     lines.append(
                         f"  {who}: {c['first']:.0%} of {c['first_n']} / "
                         f"{c['later']:.0%} of {c['later_n']}"
