@@ -27,7 +27,6 @@ import re
 import sys
 import tarfile
 import urllib.request
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -207,11 +206,18 @@ def speeches(play: str) -> list[tuple[str, list[str]]]:
     return [(name, body) for name, body in out if body]
 
 
-def tiny_casing(name: str, tiny_headings: Counter) -> str:
+def tiny_roles(tiny_text: str) -> set[str]:
+    """The last words of the headings Tiny Shakespeare writes in title case ("Citizen" of
+    "First Citizen", "Messenger"): the roles, where a person's name is upper case."""
+    headings = re.findall(r"(?<=\n\n)([A-Za-z][A-Za-z ']*):\n", tiny_text)
+    return {h.split()[-1] for h in headings if not h.isupper()}
+
+
+def tiny_casing(name: str, roles: set[str]) -> str:
     """A speaker as Tiny Shakespeare writes one: a role ("First Citizen", "Messenger") in
-    title case when Tiny Shakespeare writes that role's last word so, a person upper case."""
+    title case when Tiny Shakespeare writes that role's last word so (``tiny_roles``), a
+    person upper case."""
     words = [word.capitalize() for word in name.replace("&", "and").split()]
-    roles = {h.split()[-1] for h in tiny_headings if not h.isupper()}
     if words[-1] in roles and (
         len(words) == 1 or words[0] in ("First", "Second", "Third", "Fourth", "Old", "All")
     ):
@@ -219,25 +225,24 @@ def tiny_casing(name: str, tiny_headings: Counter) -> str:
     return " ".join(re.sub(r"[^A-Z ']", "", name.upper().replace("&", "AND")).split())
 
 
-def tiny_format(play: str, tiny_headings: Counter) -> str:
+def tiny_format(play: str, roles: set[str]) -> str:
     """The play as Tiny Shakespeare's text: "NAME:\\nlines\\n\\n" per speech."""
     return "".join(
-        f"{tiny_casing(name, tiny_headings)}:\n" + "\n".join(body) + "\n\n"
-        for name, body in speeches(play)
+        f"{tiny_casing(name, roles)}:\n" + "\n".join(body) + "\n\n" for name, body in speeches(play)
     )
 
 
 def more_plays(tiny_text: str, archive: bytes) -> tuple[str, list[str], list[str]]:
     """(the text, the plays kept, the plays left out as Tiny Shakespeare's)."""
     tiny = _lines_of(tiny_text)
-    headings = Counter(re.findall(r"(?<=\n\n)([A-Za-z][A-Za-z ']*):\n", tiny_text))
+    roles = tiny_roles(tiny_text)
     kept, left_out, text = [], [], []
     for name, play in sorted(plays_in(archive).items()):
         if held_share(play, tiny) >= HELD:
             left_out.append(name)
             continue
         kept.append(name)
-        text.append(tiny_format(play, headings))
+        text.append(tiny_format(play, roles))
     return "".join(text), kept, left_out
 
 

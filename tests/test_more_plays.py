@@ -4,7 +4,6 @@ Tiny Shakespeare holds (and so validation's) left out."""
 from __future__ import annotations
 
 import io
-import re
 import string
 import tarfile
 from pathlib import Path
@@ -95,10 +94,7 @@ def more(monkeypatch):
 
 
 def test_a_gutenberg_play_is_written_as_tiny_shakespeare_writes_one(more):
-    from collections import Counter
-
-    headings = Counter(re.findall(r"(?<=\n\n)([A-Za-z][A-Za-z ']*):\n", "\n\n" + TINY))
-    assert more.tiny_format(ALPHA, headings) == (
+    assert more.tiny_format(ALPHA, more.tiny_roles("\n\n" + TINY)) == (
         "HORATIO:\nWho's there? Stand!\n\n"
         "MARCELLUS:\nNay, answer me: 'stand', and unfold yourself.\n\n"
         "HAMLET:\nSpeak to me times.\nFarewell.\nWe do it wrong, being so majestical.\n\n"
