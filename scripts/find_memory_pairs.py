@@ -40,10 +40,11 @@ from scripts.find_memory_moments import (  # noqa: E402
 from txl import TransformerXL  # noqa: E402
 from txl.counterfactual import MemoryPair  # noqa: E402
 from webapp.memory_pair_viz import HEADING, speaker_headings  # noqa: E402
+from webapp.tabs.parts import TEMPERATURE, TOP_P  # noqa: E402  (the page's sampler)
 
 DEFAULT_MODEL = ROOT / "weights" / "shakespeare-char"
 DEFAULT_OUT = ROOT / "webapp" / "tabs" / "memory_pairs.json"
-TEMPERATURE, TOP_K, TOP_P = 0.8, 0, 1.0  # the tab's defaults
+TOP_K = 0  # the tab's default (off)
 MAX_HEADING_STEPS = 40  # a side that has not written a heading by then names nobody
 GENERATE = 200  # characters an example's Generate writes
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/generation_check.py weights/shakespeare-char
     .venv/bin/python scripts/generation_check.py runs/recall/phase7-scenes --only probe
-    .venv/bin/python scripts/generation_check.py weights/shakespeare-char --only real --top-p 0.9
+    .venv/bin/python scripts/generation_check.py weights/shakespeare-char --only real --top-p 1
 
 The recall probes (scripts/recall_check.py) hand the model a name's first letters; when it
 writes a scene itself it has to *choose* the speaker. Three readings, seeded, with memory
@@ -29,8 +29,9 @@ writes a scene itself it has to *choose* the speaker. Three readings, seeded, wi
   the scene's cast predicts, and the rest of the name, which is a copy.
 
 Sampling is the page's: softmax of the logits / temperature, cut to the ``--top-p``
-nucleus (1, the default: no cut; txl.sampling.filter_logits); the readings of a cut run
-are named for it ("memory T=0.8 top-p=0.9").
+nucleus (txl.sampling.filter_logits; the default 0.9 is the page's, webapp/tabs/parts.py's
+TOP_P; 1: no cut, the issue's first reading); the readings are named for the sampler
+("memory T=0.8 top-p=0.9", "memory T=0.8" uncut).
 
 Generation is batched (every prompt has the same length): the memory side reads the
 prompt in segments of W as the page does and then steps one character at a time over
@@ -60,6 +61,9 @@ from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: 
 from txl.recall import LN2  # noqa: E402
 from txl.sampling import filter_logits  # noqa: E402
 from txl.scoring import memory_nll, window_batches  # noqa: E402
+
+# The page's sampler (webapp/tabs/parts.py's TEMPERATURE and TOP_P; a test holds them equal).
+PAGE_TEMPERATURE, PAGE_TOP_P = 0.8, 0.9
 
 PROMPT_CHARS = 1500
 # A heading: a speaker's name alone on its line, after a blank line (or at the start).
@@ -417,13 +421,13 @@ def main(argv=None) -> int:
     p.add_argument("--mem-len", type=int, default=512)
     p.add_argument("--scenes", type=int, default=20, help="prompts of each kind")
     p.add_argument("--chars", type=int, default=600, help="characters generated per prompt")
-    p.add_argument("--temperatures", default="0.8", help="comma-separated")
-    p.add_argument("--window-temperatures", default="0.8", help="comma-separated")
+    p.add_argument("--temperatures", default=str(PAGE_TEMPERATURE), help="comma-separated")
+    p.add_argument("--window-temperatures", default=str(PAGE_TEMPERATURE), help="comma-separated")
     p.add_argument(
         "--top-p",
         type=float,
-        default=1.0,
-        help="the nucleus sampled from (1: all, the page's default)",
+        default=PAGE_TOP_P,
+        help="the nucleus sampled from (the page's 0.9 by default; 1: all, uncut)",
     )
     p.add_argument("--probe-chars", type=int, default=12000)
     p.add_argument("--only", choices=("probe", "real", "made_up"), action="append")

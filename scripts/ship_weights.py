@@ -69,13 +69,16 @@ def steps(weights: Path, data: Path, out: Path) -> list[Step]:
     evaluate = ["-m", "txl.evaluate", "--model", w, "--data", d, "--positions", "2000:12000",
                 "--sliding", "64,192", "--threads", "1", "--json",
                 str(weights / "eval_three_ways.json")]  # fmt: skip
+    uncut = ("--top-p", "1")  # the first reading, beside the page's sampler
     readings = [
         Step("eval-three-ways", evaluate),
         *(
-            reading(f"generation-real-{s}", *gen, "--only", "real", "--seed", str(s))
+            reading(f"generation-real{cut}-{s}", *gen, *extra, "--only", "real", "--seed", str(s))
+            for cut, extra in (("", ()), ("-uncut", uncut))
             for s in (1, 2, 3)
         ),
         reading("generation-made-up", *gen, "--only", "made_up"),
+        reading("generation-made-up-uncut", *gen, *uncut, "--only", "made_up"),
         reading("generation-probe", *gen, "--only", "probe"),
         *(
             reading(f"recall-{kind}", *recall, "--names", kind)

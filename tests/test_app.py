@@ -128,6 +128,18 @@ def test_public_api(client):
     assert not api["unnamed_endpoints"]
 
 
+def test_the_page_samples_at_temperature_0_8_in_the_0_9_nucleus_by_default(client):
+    """The sliders every sampling tab opens with, as the API reports them: the sampler the
+    model card's writing figures are read at (scripts/generation_check.py's default)."""
+    api = client.view_api(print_info=False, return_format="dict")
+    for endpoint in ("/generate", "/step", "/pair_generate"):
+        defaults = {
+            p["parameter_name"]: p["parameter_default"]
+            for p in api["named_endpoints"][endpoint]["parameters"]
+        }
+        assert (defaults["temperature"], defaults["top_k"], defaults["top_p"]) == (0.8, 0, 0.9)
+
+
 def test_generate_returns_text_first_and_same_seed_same_text(server):
     a, b = (new_client(server[0]) for _ in range(2))
     first = generate(a, n_tokens=25, seed=7)

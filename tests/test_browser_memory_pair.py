@@ -11,12 +11,13 @@ import pytest
 from tests.test_app import MEM_LEN, new_client, serve
 from tests.test_app_memory_pair import parting_model
 from tests.test_browser import browser_page  # noqa: F401  (a fixture)
+from webapp.tabs.parts import TEMPERATURE, TOP_P
 
 pytestmark = pytest.mark.browser
 PROMPT = "ROMEO:\nI will not stay.\n\nJULIET:\nNo"
 VIEW = "#pair_view .txl-pair"
-# The page's settings (the tab's defaults, mem_len the model's), as the API takes them
-SETTINGS = dict(mem_len=MEM_LEN, temperature=0.8, top_k=0, top_p=1.0, seed=0)
+# The page's settings (the tab's: the page's sampler, mem_len the model's), as the API takes them
+SETTINGS = dict(mem_len=MEM_LEN, temperature=TEMPERATURE, top_k=0, top_p=TOP_P, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from tests.test_browser import (  # noqa: F401  (app_url, browser_page: fixtures
     wait_painted,
 )
 from tests.test_play_stream import untimed
+from webapp.tabs.parts import TEMPERATURE, TOP_P
 
 pytestmark = pytest.mark.browser
 PROMPT = "ROMEO:\n"
@@ -97,14 +98,11 @@ def test_a_play_of_n_steps_in_the_page_is_n_steps_through_the_api(app_url, brows
     text = page_text(page)
     assert len(text) == stopped + 1
     client = new_client(app_url)
+    pages = settings(temperature=TEMPERATURE, top_p=TOP_P).values()  # the page's sampler
     for _ in range(len(text) - len(PROMPT)):
-        stepped = client.predict(
-            PROMPT, *settings(temperature=0.8).values(), None, None, api_name="/step"
-        )
+        stepped = client.predict(PROMPT, *pages, None, None, api_name="/step")
     assert stepped[0] == text
-    after_steps = client.predict(
-        PROMPT, *settings(temperature=0.8).values(), None, None, api_name="/step"
-    )
+    after_steps = client.predict(PROMPT, *pages, None, None, api_name="/step")
     assert step_and_wait(page) == stopped + 1
     page.wait_for_function(
         f"document.querySelector('#summary .txl-summary').innerText.includes("

@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import gradio as gr
 
+# The page's sampler: temperature 0.8, the nucleus cut to 0.9 (Holtzman et al., 2020). The
+# cut drops the least likely tenth of each step's distribution, the tail a character
+# model's samples stray into: from a real scene the bundled model writes the scene's own
+# speakers back far more often with it (the model card reads both, with the cut and
+# without: scripts/generation_check.py, whose default is this sampler).
+TEMPERATURE = 0.8
+TOP_P = 0.9
+
 
 def page_view(template: str, *mounts: str, label: str, elem_id: str, value=None, **kwargs):
     """A view the page's JS draws (webapp/web/): a gr.HTML whose template never changes, so
@@ -30,7 +38,7 @@ def sampling_controls(prefix: str, seed_label: str) -> dict:
     with gr.Row():
         return {
             f"{prefix}temperature": gr.Slider(
-                0, 2, value=0.8, step=0.05, label="temperature (0 = greedy)",
+                0, 2, value=TEMPERATURE, step=0.05, label="temperature (0 = greedy)",
                 elem_id=f"{prefix}temperature", min_width=120,
             ),
             f"{prefix}top_k": gr.Slider(
@@ -38,7 +46,7 @@ def sampling_controls(prefix: str, seed_label: str) -> dict:
                 min_width=120,
             ),
             f"{prefix}top_p": gr.Slider(
-                0.05, 1, value=1.0, step=0.05, label="top-p", elem_id=f"{prefix}top_p",
+                0.05, 1, value=TOP_P, step=0.05, label="top-p (1 = off)", elem_id=f"{prefix}top_p",
                 min_width=120,
             ),
             f"{prefix}seed": gr.Number(

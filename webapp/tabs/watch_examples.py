@@ -16,6 +16,7 @@ from txl.recall import probe_text
 from webapp.serve import ROOT, resolve_source
 
 from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_BEFORE, RECALL_FILLER, read_report
+from .parts import TEMPERATURE, TOP_P
 
 MOMENTS_FILE = Path(__file__).with_name("memory_moments.json")
 RECALL_CHOICE = "recall"  # the dropdown's value for the recall probe; the passages: 0, 1, ...
@@ -106,7 +107,9 @@ def guide(report: dict | None, choice: str | None) -> str:
         f"(p = {percent(m['bits_window'])}, {m['bits_window']:.2f} bits): memory makes it "
         f"**{times:,.0f} times likelier**. Compare the two predictions under the attention "
         "view, and see where the newest character looks beyond the window. The Steps "
-        "after it sample (temperature 0.8). More: **How far back can it recall?**"
+        f"after it sample as the sliders say (temperature {TEMPERATURE}, top-p {TOP_P} as "
+        "the page opens). "
+        "More: **How far back can it recall?**"
     )
 
 
