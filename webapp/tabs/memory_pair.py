@@ -94,11 +94,14 @@ def example_guide(report: dict | None, choice: str | None) -> str:
     if choice is None:
         return "**Start here:** pick a scene, then **Generate**."
     e = report["examples"][int(choice)]
+    sampler = f"temperature {report['temperature']}"
+    if report["top_p"] < 1:  # the sliders the example sets, as the status line names them
+        sampler += f", top-p {report['top_p']}"
     return (
         f"**Generate {e['n']}.** The prompt ends after a speech; the next speaker, "
         f"**{e['memory_speaker']}**, last spoke {e['back']} characters back: beyond the "
         f"window of {report['seg_len']}, within the memory of {report['mem_len']}. With "
-        f"seed {e['seed']} (temperature {report['temperature']}) the memory side writes "
+        f"seed {e['seed']} ({sampler}) the memory side writes "
         f"*{e['memory_speaker']}*, the window side *{e['window_speaker']}*."
     )
 
