@@ -40,7 +40,7 @@ from scripts.find_memory_moments import (  # noqa: E402
 from txl import TransformerXL  # noqa: E402
 from txl.counterfactual import MemoryPair  # noqa: E402
 from webapp.memory_pair_viz import HEADING, speaker_headings  # noqa: E402
-from webapp.tabs.parts import TEMPERATURE, TOP_P  # noqa: E402  (the page's sampler)
+from webapp.tabs.examples import TEMPERATURE, TOP_P  # noqa: E402  (the page's sampler)
 
 DEFAULT_MODEL = ROOT / "weights" / "shakespeare-char"
 DEFAULT_OUT = ROOT / "webapp" / "tabs" / "memory_pairs.json"

@@ -29,7 +29,7 @@ writes a scene itself it has to *choose* the speaker. Three readings, seeded, wi
   the scene's cast predicts, and the rest of the name, which is a copy.
 
 Sampling is the page's: softmax of the logits / temperature, cut to the ``--top-p``
-nucleus (txl.sampling.filter_logits; the default 0.9 is the page's, webapp/tabs/parts.py's
+nucleus (txl.sampling.filter_logits; the default 0.9 is the page's, webapp/tabs/examples.py's
 TOP_P; 1: no cut, the issue's first reading); the readings are named for the sampler
 ("memory T=0.8 top-p=0.9", "memory T=0.8" uncut).
 
@@ -61,9 +61,7 @@ from txl.data import load_text, tiny_shakespeare_path, train_val_split  # noqa: 
 from txl.recall import LN2  # noqa: E402
 from txl.sampling import filter_logits  # noqa: E402
 from txl.scoring import memory_nll, window_batches  # noqa: E402
-
-# The page's sampler (webapp/tabs/parts.py's TEMPERATURE and TOP_P; a test holds them equal).
-PAGE_TEMPERATURE, PAGE_TOP_P = 0.8, 0.9
+from webapp.tabs.examples import TEMPERATURE, TOP_P  # noqa: E402  (the page's sampler)
 
 PROMPT_CHARS = 1500
 # A heading: a speaker's name alone on its line, after a blank line (or at the start).
@@ -421,12 +419,12 @@ def main(argv=None) -> int:
     p.add_argument("--mem-len", type=int, default=512)
     p.add_argument("--scenes", type=int, default=20, help="prompts of each kind")
     p.add_argument("--chars", type=int, default=600, help="characters generated per prompt")
-    p.add_argument("--temperatures", default=str(PAGE_TEMPERATURE), help="comma-separated")
-    p.add_argument("--window-temperatures", default=str(PAGE_TEMPERATURE), help="comma-separated")
+    p.add_argument("--temperatures", default=str(TEMPERATURE), help="comma-separated")
+    p.add_argument("--window-temperatures", default=str(TEMPERATURE), help="comma-separated")
     p.add_argument(
         "--top-p",
         type=float,
-        default=PAGE_TOP_P,
+        default=TOP_P,
         help="the nucleus sampled from (the page's 0.9 by default; 1: all, uncut)",
     )
     p.add_argument("--probe-chars", type=int, default=12000)

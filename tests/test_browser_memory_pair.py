@@ -11,7 +11,7 @@ import pytest
 from tests.test_app import MEM_LEN, new_client, serve
 from tests.test_app_memory_pair import parting_model
 from tests.test_browser import browser_page  # noqa: F401  (a fixture)
-from webapp.tabs.parts import TEMPERATURE, TOP_P
+from webapp.tabs.examples import TEMPERATURE, TOP_P
 
 pytestmark = pytest.mark.browser
 PROMPT = "ROMEO:\nI will not stay.\n\nJULIET:\nNo"

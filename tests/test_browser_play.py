@@ -19,7 +19,7 @@ from tests.test_browser import (  # noqa: F401  (app_url, browser_page: fixtures
     wait_painted,
 )
 from tests.test_play_stream import untimed
-from webapp.tabs.parts import TEMPERATURE, TOP_P
+from webapp.tabs.examples import TEMPERATURE, TOP_P
 
 pytestmark = pytest.mark.browser
 PROMPT = "ROMEO:\n"

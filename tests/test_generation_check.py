@@ -115,12 +115,6 @@ def test_a_nucleus_cut_samples_as_the_page_does_and_names_its_readings(tmp_path)
     assert check.label("memory", 0.8, check.argparse.Namespace(top_p=1.0)) == "memory T=0.8"
 
 
-def test_the_check_reads_at_the_pages_sampler_unless_told_otherwise():
-    from webapp.tabs.parts import TEMPERATURE, TOP_P
-
-    assert (check.PAGE_TEMPERATURE, check.PAGE_TOP_P) == (TEMPERATURE, TOP_P)
-
-
 def test_forced_writing_reads_the_given_text_and_the_first_step_is_the_sampled_ones(tmp_path):
     model = TransformerXL.from_pretrained(tiny_model(tmp_path / "m", seed=5)).eval()
     scenes = check.real_scenes(PLAY, 3, 100, seed=1)

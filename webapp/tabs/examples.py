@@ -1,4 +1,5 @@
-"""The example texts the tabs offer (plain data: no Gradio, so benchmarks can read it)."""
+"""The example texts and settings the tabs offer (plain data: no Gradio, so benchmarks and
+scripts can read it)."""
 
 import json
 from pathlib import Path
@@ -141,6 +142,14 @@ DEFAULT_NAME = "ZANTHOR"  # no play has him: only a recall can finish the name
 # scored one, beyond the window (64) but inside the bundled model's memory (128), where only
 # memory can see them (at k = 128 they lie past a memory of 128 too: recalled with 512 only).
 DEFAULT_WATCH = 64
+
+# The page's sampler: temperature 0.8, the nucleus cut to 0.9 (Holtzman et al., 2020). The
+# cut drops the least likely tenth of each step's distribution, the tail a character
+# model's samples stray into: from a real scene the bundled model writes the scene's own
+# speakers back far more often with it (the model card reads both, with the cut and
+# without: scripts/generation_check.py, whose default is this sampler).
+TEMPERATURE = 0.8
+TOP_P = 0.9
 
 
 def read_report(path: Path, entries: str, needed: str) -> dict | None:

@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-# The page's sampler: temperature 0.8, the nucleus cut to 0.9 (Holtzman et al., 2020). The
-# cut drops the least likely tenth of each step's distribution, the tail a character
-# model's samples stray into: from a real scene the bundled model writes the scene's own
-# speakers back far more often with it (the model card reads both, with the cut and
-# without: scripts/generation_check.py, whose default is this sampler).
-TEMPERATURE = 0.8
-TOP_P = 0.9
+from .examples import TEMPERATURE, TOP_P  # the page's sampler
 
 
 def page_view(template: str, *mounts: str, label: str, elem_id: str, value=None, **kwargs):

@@ -15,8 +15,15 @@ import gradio as gr
 from txl.recall import probe_text
 from webapp.serve import ROOT, resolve_source
 
-from .examples import DEFAULT_NAME, DEFAULT_WATCH, RECALL_BEFORE, RECALL_FILLER, read_report
-from .parts import TEMPERATURE, TOP_P
+from .examples import (
+    DEFAULT_NAME,
+    DEFAULT_WATCH,
+    RECALL_BEFORE,
+    RECALL_FILLER,
+    TEMPERATURE,
+    TOP_P,
+    read_report,
+)
 
 MOMENTS_FILE = Path(__file__).with_name("memory_moments.json")
 RECALL_CHOICE = "recall"  # the dropdown's value for the recall probe; the passages: 0, 1, ...
