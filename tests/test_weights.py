@@ -129,19 +129,37 @@ def test_the_weights_recall_speakers_planted_beyond_the_window(model, val_text, 
     assert memory <= 4.0 and window >= 3.5, (memory, window)
 
 
+def test_the_weights_recall_a_name_that_opens_the_text(model, val_text, monkeypatch):
+    """Issue 43's opening name: a made-up speaker's heading opens the text, 100 characters
+    of validation text follow, then the name's first letters. With memory 512 the rest of
+    the name costs at most 1.5 bits per character (the issue's floor), while the window,
+    which cannot see the opening, pays 3.5 or more. These 16 probes read 1.16 (window 5.11)
+    on phase 72's weights (phase 71's 1.36); the model card's 48 at k = 100 / 200 / 400
+    are the figure."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_check import read_probes
+
+    rows = read_probes(
+        model, val_text, probes=16, seed=7, mem_len=512, distances=(100,), opening=True
+    )
+    memory = sum(r["memory_after_3"] for r in rows) / len(rows)
+    window = sum(r["window_after_3"] for r in rows) / len(rows)
+    assert memory <= 1.5 and window >= 3.5, (memory, window)
+
+
 def test_the_weights_recall_a_speaker_1000_characters_back_with_a_long_memory(
     model, val_text, monkeypatch
 ):
     """Far back (issue 43's far names): a made-up speaker planted in validation text 1,000
-    characters back, read with a memory of 2,048. The model card's figure (48 probes at
-    1,000 and 2,000) is 3.0 / 2.8 bits per character after the cue, the window 5.1 / 4.5;
-    the floor is the planted check's: at most 4 bits with memory, the window 3.5 or more.
-    A name that opens its text is not held to it: the shipped model does not recall it
-    that far (the card: 4.9 / 4.6)."""
+    characters back, read with a memory of 2,048: at most 2.5 bits per character after the
+    cue (the issue's floor), the window 3.5 or more. These 16 probes read 1.73 (window 4.93)
+    on phase 72's weights (phase 71's 1.77); the model card's 48 at 1,000 and 2,000, the
+    figure, are harder (2.54 / 2.45). A name that opens its text is not held to the floor
+    that far: the card's reading is 3.2-3.4."""
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     from recall_check import read_probes
 
     rows = read_probes(model, val_text, probes=16, seed=7, mem_len=2048, distances=(1000,))
     memory = sum(r["memory_after_3"] for r in rows) / len(rows)
     window = sum(r["window_after_3"] for r in rows) / len(rows)
-    assert memory <= 4.0 and window >= 3.5, (memory, window)
+    assert memory <= 2.5 and window >= 3.5, (memory, window)
