@@ -113,6 +113,19 @@ def test_memory_helps_on_the_slice(model, card_eval, val_ids):
     assert without > recorded["loss"] + 0.05
 
 
+def bits_after_the_cue(model, val_text, monkeypatch, **probes) -> tuple[float, float]:
+    """scripts/recall_check.py's 16 probes (seed 7) with ``probes`` (its read_probes's
+    mem_len, names, distances, opening): the mean bits per character of the name after its
+    first three letters, with memory and through the window."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from recall_check import read_probes
+
+    rows = read_probes(model, val_text, probes=16, seed=7, **probes)
+    memory = sum(r["memory_after_3"] for r in rows) / len(rows)
+    window = sum(r["window_after_3"] for r in rows) / len(rows)
+    return memory, window
+
+
 @pytest.mark.parametrize("names", ["syllables", "english", "compound"])
 def test_the_weights_recall_speakers_planted_beyond_the_window(model, val_text, monkeypatch, names):
     """The issue's check, on names, places and distances the training never saw
@@ -120,12 +133,7 @@ def test_the_weights_recall_speakers_planted_beyond_the_window(model, val_text, 
     50-400 characters back. Its name after the cue costs at most 4 bits per character with
     memory 512 (the floor; the model card gives the figure), while the 64-character window,
     which cannot see it, pays 3.5 or more."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from recall_check import read_probes
-
-    rows = read_probes(model, val_text, probes=16, seed=7, mem_len=512, names=names)
-    memory = sum(r["memory_after_3"] for r in rows) / len(rows)
-    window = sum(r["window_after_3"] for r in rows) / len(rows)
+    memory, window = bits_after_the_cue(model, val_text, monkeypatch, mem_len=512, names=names)
     assert memory <= 4.0 and window >= 3.5, (memory, window)
 
 
@@ -136,14 +144,9 @@ def test_the_weights_recall_a_name_that_opens_the_text(model, val_text, monkeypa
     which cannot see the opening, pays 3.5 or more. These 16 probes read 1.16 (window 5.11)
     on phase 72's weights (phase 71's 1.36); the model card's 48 at k = 100 / 200 / 400
     are the figure."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from recall_check import read_probes
-
-    rows = read_probes(
-        model, val_text, probes=16, seed=7, mem_len=512, distances=(100,), opening=True
+    memory, window = bits_after_the_cue(
+        model, val_text, monkeypatch, mem_len=512, distances=(100,), opening=True
     )
-    memory = sum(r["memory_after_3"] for r in rows) / len(rows)
-    window = sum(r["window_after_3"] for r in rows) / len(rows)
     assert memory <= 1.5 and window >= 3.5, (memory, window)
 
 
@@ -156,10 +159,7 @@ def test_the_weights_recall_a_speaker_1000_characters_back_with_a_long_memory(
     on phase 72's weights (phase 71's 1.77); the model card's 48 at 1,000 and 2,000, the
     figure, are harder (2.54 / 2.45). A name that opens its text is not held to the floor
     that far: the card's reading is 3.2-3.4."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from recall_check import read_probes
-
-    rows = read_probes(model, val_text, probes=16, seed=7, mem_len=2048, distances=(1000,))
-    memory = sum(r["memory_after_3"] for r in rows) / len(rows)
-    window = sum(r["window_after_3"] for r in rows) / len(rows)
+    memory, window = bits_after_the_cue(
+        model, val_text, monkeypatch, mem_len=2048, distances=(1000,)
+    )
     assert memory <= 2.5 and window >= 3.5, (memory, window)
